@@ -1,0 +1,255 @@
+"""The evaluation pipeline: load/compile -> correctness -> timing, across three jailed processes.
+
+    1. reference `prepare` (task code): writes the inputs for every shape and seed, times eager and torch.compile;
+    2. candidate (untrusted): sees only its own file and those inputs; saves its outputs, times itself;
+    3. reference `check` (task code again): recomputes the reference in float64 and compares the saved outputs.
+
+The candidate and the reference never share a process, and neither runs in the controller's process. Every way
+a candidate can fail becomes an `Outcome` with a verdict, the stage it reached and a specific reason; only a
+broken task (TaskError) or a broken host (InfrastructureError) raises.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from appliance.errors import InfrastructureError, TaskError
+from appliance.tasks import Task
+from sandbox.jail import Jail, JailResult, JailUnavailable
+
+STAGES = ("load", "compile", "correctness", "timing", "done")
+
+
+@dataclass
+class EvalSettings:
+    device: str = "auto"  # auto | cpu | cuda
+    mode: str | None = None  # small | full; default: full on a GPU, small on the CPU
+    baselines: tuple[str, ...] = ("eager", "compile")
+    timing_budget_s: float = 1.0  # per shape and implementation
+    candidate_timeout_s: float = 600.0
+    reference_timeout_s: float = 1200.0
+    jobs_dir: Path | None = None
+    keep_job_dir: bool = False
+
+
+@dataclass
+class Outcome:
+    verdict: str  # "pass" or a failure kind
+    stage: str  # the stage that failed, or "done"
+    reason: str
+    jailed: bool
+    device: str
+    mode: str
+    timings: list[dict] = field(default_factory=list)
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    environment: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch  # the controller only asks whether CUDA is there; it never runs task or candidate code
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def detect_backends(source: str) -> list[str]:
+    """Kernel backends a candidate's source uses, by the imports and calls that each one needs."""
+    found = []
+    if re.search(r"^\s*(import|from)\s+triton\b", source, re.M):
+        found.append("triton")
+    if re.search(r"\bload_inline\b|\bcpp_extension\b", source):
+        found.append("cuda")
+    if re.search(r"^\s*(import|from)\s+cupy\b", source, re.M):
+        found.append("cupy")
+    return found
+
+
+class Pipeline:
+    def __init__(self, jail: Jail, settings: EvalSettings):
+        self.jail, self.settings = jail, settings
+
+    def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
+        s = self.settings
+        device = resolve_device(s.device)
+        mode = s.mode or ("full" if device == "cuda" else "small")
+        try:
+            self.jail.check()
+        except JailUnavailable as e:
+            raise InfrastructureError(str(e)) from None
+        candidate_path = Path(candidate_path)
+        if not candidate_path.is_file():
+            raise TaskError(str(candidate_path), "no such candidate file")
+        source = candidate_path.read_text(errors="replace")
+        base = dict(verdict="pass", stage="done", reason="", jailed=not self.jail.unsafe_no_jail,
+                    device=device, mode=mode)
+        backends = detect_backends(source)
+        refused = [b for b in backends if b not in task.manifest.backends]
+        if refused:
+            return Outcome(**base | dict(verdict="backend_not_allowed", stage="load",
+                                         reason=f"candidate uses {', '.join(refused)}; the task allows "
+                                                f"{', '.join(task.manifest.backends)}"),
+                           details={"backends": backends})
+
+        job = Path(tempfile.mkdtemp(prefix="eval-", dir=s.jobs_dir))
+        try:
+            return self._run(task, candidate_path, job, device, mode, base, backends)
+        finally:
+            if not s.keep_job_dir:
+                shutil.rmtree(job, ignore_errors=True)
+
+    def _run(self, task, candidate_path, job, device, mode, base, backends) -> Outcome:
+        s = self.settings
+        dirs = {k: job / k for k in ("reference", "inputs", "candidate", "outputs", "check")}
+        for d in dirs.values():
+            d.mkdir()
+        shutil.copy(task.path, dirs["reference"] / "task.py")
+        shutil.copy(candidate_path, dirs["candidate"] / "candidate.py")
+        shapes = [vars(sh) for sh in task.shapes(mode)]
+        common = {
+            "device": device,
+            "dtype": task.manifest.dtype,
+            "seeds": list(range(task.manifest.seeds)),
+            "shapes": shapes,
+            "inputs_dir": str(dirs["inputs"]),
+            "outputs_dir": str(dirs["outputs"]),
+            "timing_budget_s": s.timing_budget_s,
+        }
+        task_spec = common | {"task_file": str(dirs["reference"] / "task.py"), "task_display": str(task.path)}
+
+        # 1. Inputs and baselines, from the task's own code.
+        prepared = self._harness("reference", ["prepare"], task_spec | {"baselines": list(s.baselines)},
+                                 workdir=dirs["reference"], rw=[dirs["inputs"]], timeout=s.reference_timeout_s,
+                                 task=task)
+        environment = prepared["environment"]
+        details = {"backends": backends, "shapes": prepared["shapes"]}
+
+        # 2. The candidate, which sees its own file and the inputs, nothing else.
+        cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py")}
+        spec_path = dirs["candidate"] / "spec.json"
+        spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
+        run = self.jail.run([_python(), "-m", "sandbox.harness.candidate", str(spec_path)],
+                            workdir=dirs["candidate"], ro=[dirs["inputs"]], rw=[dirs["outputs"]],
+                            timeout_s=s.candidate_timeout_s, log_dir=job)
+        cand = _read_result(dirs["candidate"] / "result.json")
+        details["candidate_stderr"] = run.stderr[-4000:]
+        failure = _candidate_failure(run, cand, s.candidate_timeout_s)
+        if failure:
+            verdict, stage, reason = failure
+            details.update({k: cand[k] for k in ("traceback", "line", "type") if k in (cand or {})})
+            return Outcome(**base | dict(verdict=verdict, stage=stage, reason=_user_paths(reason, candidate_path)),
+                           environment=environment, details=details)
+
+        # 3. The trusted comparison against a float64 reference.
+        checked = self._harness("reference", ["check"],
+                                task_spec | {"prepared_shapes": prepared["shapes"], "tolerances": task.tolerances()},
+                                workdir=dirs["check"], ro=[dirs["reference"], dirs["inputs"], dirs["outputs"]],
+                                timeout=s.reference_timeout_s, task=task)
+        details["cases"] = checked["cases"]
+        bad = [c for c in checked["cases"] if c["kind"] != "pass"]
+        if bad:
+            return Outcome(**base | dict(verdict=bad[0]["kind"], stage="correctness", reason=bad[0]["reason"]),
+                           environment=environment, details=details)
+
+        timings = _timing_rows(task, shapes, prepared["timings"], cand["timings"], device)
+        main = {t["implementation"]: t for t in timings if t["shape"] == "main"}
+        return Outcome(**base | dict(reason=_pass_reason(main, device)), timings=timings,
+                       speedup_vs_eager=_speedup(main, "eager"), speedup_vs_compile=_speedup(main, "compile"),
+                       environment=environment, details=details)
+
+    def _harness(self, module: str, args: list[str], spec: dict, *, workdir: Path, timeout: float, task: Task,
+                 ro=(), rw=()) -> dict:
+        """Run a trusted harness command; a failure here is the task's fault or ours, never the candidate's."""
+        result_path = workdir / f"{args[0]}-result.json"
+        spec_path = workdir / f"{args[0]}-spec.json"
+        spec_path.write_text(json.dumps(spec | {"result": str(result_path)}))
+        run = self.jail.run([_python(), "-m", f"sandbox.harness.{module}", *args, str(spec_path)],
+                            workdir=workdir, ro=list(ro), rw=list(rw), timeout_s=timeout)
+        result = _read_result(result_path)
+        if run.timed_out:
+            raise TaskError(str(task.path), f"the reference ({args[0]}) did not finish within {timeout:.0f} s")
+        if result is None or run.returncode != 0:
+            raise InfrastructureError(
+                f"reference harness ({args[0]}) failed with exit code {run.returncode}: {run.stderr[-3000:]}")
+        if result["status"] == "task_error":
+            raise TaskError(str(task.path), result["reason"], result.get("line"))
+        return result
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def _read_result(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> tuple[str, str, str] | None:
+    stage = (result or {}).get("stage", "load")
+    if run.timed_out:
+        return "timeout", stage, f"the candidate did not finish within {timeout:.0f} s (wall clock); killed"
+    if result is None or result.get("status") == "running" or run.returncode != 0:
+        if run.signal:
+            how = f"was killed by signal {signal.Signals(run.signal).name}"
+        else:
+            how = f"exited with code {run.returncode} before reporting a result"
+        tail = run.stderr.strip().splitlines()[-1:] or [""]
+        return "crashed", stage, f"the candidate process {how}; last stderr line: {tail[0][:300]}"
+    if result["status"] == "failed":
+        return result["verdict"], result["stage"], result["reason"]
+    return None
+
+
+def _user_paths(reason: str, candidate_path: Path) -> str:
+    return reason.replace("candidate.py", str(candidate_path))
+
+
+def _timing_rows(task: Task, shapes: list[dict], baselines: dict, candidate: dict, device: str) -> list[dict]:
+    rows = []
+    for sh in shapes:
+        name = sh["name"]
+        flops, nbytes = task.work(sh["sizes"])
+        impls = {"candidate": candidate.get(name, {})} | baselines.get(name, {})
+        for impl, t in impls.items():
+            row = {"shape": name, "sizes": sh["sizes"], "implementation": impl, "device": device,
+                   "median_ms": t.get("median_ms"), "iqr_ms": t.get("iqr_ms"), "min_ms": t.get("min_ms"),
+                   "reps": t.get("reps"), "error": t.get("error")}
+            if t.get("median_ms") and flops:
+                row["tflops"] = flops / t["median_ms"] / 1e9
+            if t.get("median_ms") and nbytes:
+                row["gbps"] = nbytes / t["median_ms"] / 1e6
+            rows.append(row)
+    return rows
+
+
+def _speedup(main: dict, baseline: str) -> float | None:
+    cand, base = main.get("candidate", {}).get("median_ms"), main.get(baseline, {}).get("median_ms")
+    return base / cand if cand and base else None
+
+
+def _pass_reason(main: dict, device: str) -> str:
+    cand = main["candidate"]["median_ms"]
+    label = "" if device == "cuda" else " (CPU timing)"
+    parts = [f"correct on every shape and seed; main shape {cand:.4g} ms{label}"]
+    for b in ("eager", "compile"):
+        sp = _speedup(main, b)
+        if sp:
+            parts.append(f"{sp:.3g}x vs {b}")
+    return ", ".join(parts)

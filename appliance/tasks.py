@@ -1,0 +1,254 @@
+"""Tasks: a KernelBench problem file plus an optional TOML manifest beside it (format: benchmarks/README.md).
+
+Everything here is static: the task's code is parsed, never run, in the controller's process. Running it
+(get_inputs raising, shapes that break the model) happens in the reference harness, whose errors come back
+with the task's file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from appliance.errors import TaskError
+
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+DEFAULT_TOLERANCE = {"float64": 1e-7, "float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
+BACKENDS = ("triton", "cuda", "cupy")
+MODES = ("small", "full")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Distribution(_Strict):
+    kind: Literal["default", "uniform", "randn", "scaled", "outliers"] = "default"
+    scale: float = 100.0
+    fraction: float = Field(0.001, gt=0, le=1)
+
+
+class Tolerance(_Strict):
+    atol: float = Field(ge=0)
+    rtol: float = Field(ge=0)
+
+
+class ShapeSpec(_Strict):
+    name: str
+    sizes: dict[str, int] = {}
+    distribution: Distribution | None = None
+    layout: Literal["contiguous", "strided"] = "contiguous"
+    modes: list[Literal["small", "full"]] = list(MODES)
+
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _dist(cls, v: Any) -> Any:
+        return {"kind": v} if isinstance(v, str) else v
+
+
+class SmallMode(_Strict):
+    sizes: dict[str, int] = {}
+
+
+class Manifest(_Strict):
+    description: str = ""
+    dtype: Literal["float64", "float32", "float16", "bfloat16"] | None = None
+    seeds: int = Field(3, ge=1, le=64)
+    distribution: Distribution = Distribution()
+    backends: list[Literal["triton", "cuda", "cupy"]] = list(BACKENDS)
+    flops: str | None = None
+    bytes: str | None = None
+    tolerance: dict[str, Tolerance] = {}
+    small: SmallMode = SmallMode()
+    shapes: list[ShapeSpec] = []
+
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _dist(cls, v: Any) -> Any:
+        return {"kind": v} if isinstance(v, str) else v
+
+    @field_validator("tolerance")
+    @classmethod
+    def _tol_keys(cls, v: dict[str, Tolerance]) -> dict[str, Tolerance]:
+        unknown = set(v) - set(FLOAT_DTYPES)
+        if unknown:
+            raise ValueError(f"unknown dtype(s) {sorted(unknown)}; use {', '.join(FLOAT_DTYPES)}")
+        return v
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One concrete shape to check and time: module-level size overrides plus input settings."""
+
+    name: str
+    sizes: dict[str, int]
+    distribution: dict[str, Any]
+    layout: str
+
+
+@dataclass
+class Task:
+    path: Path
+    source: str
+    sizes: dict[str, int]  # the module-level integer sizes as written in the file
+    manifest: Manifest = field(default_factory=Manifest)
+    manifest_path: Path | None = None
+    manifest_text: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def shapes(self, mode: str) -> list[Shape]:
+        """The main shape first, then every extra shape that belongs to this size mode."""
+        m = self.manifest
+        main_sizes = dict(self.sizes) | (m.small.sizes if mode == "small" else {})
+        shapes = [Shape("main", main_sizes, m.distribution.model_dump(), "contiguous")]
+        for s in m.shapes:
+            if mode in s.modes:
+                dist = (s.distribution or m.distribution).model_dump()
+                shapes.append(Shape(s.name, dict(self.sizes) | s.sizes, dist, s.layout))
+        return shapes
+
+    def tolerances(self) -> dict[str, dict[str, float]]:
+        tol = {k: {"atol": v, "rtol": v} for k, v in DEFAULT_TOLERANCE.items()}
+        tol.update({k: t.model_dump() for k, t in self.manifest.tolerance.items()})
+        return tol
+
+    def work(self, sizes: dict[str, int]) -> tuple[float | None, float | None]:
+        """FLOPs and bytes per call at these sizes, from the manifest's expressions."""
+        where = str(self.manifest_path)
+        flops = _eval_size_expr(self.manifest.flops, sizes, where) if self.manifest.flops else None
+        nbytes = _eval_size_expr(self.manifest.bytes, sizes, where) if self.manifest.bytes else None
+        return flops, nbytes
+
+
+def load_task(path: str | Path) -> Task:
+    path = Path(path)
+    if not path.is_file():
+        raise TaskError(str(path), "no such task file")
+    source = path.read_text()
+    tree = _parse(source, str(path))
+    _check_structure(tree, str(path))
+    sizes = _module_sizes(tree)
+    task = Task(path=path.resolve(), source=source, sizes=sizes)
+    manifest_path = path.with_suffix(".toml")
+    if manifest_path.is_file():
+        task.manifest_text = manifest_path.read_text()
+        task.manifest = _load_manifest(manifest_path, task.manifest_text, sizes)
+        task.manifest_path = manifest_path.resolve()
+    return task
+
+
+def _parse(source: str, where: str) -> ast.Module:
+    try:
+        return ast.parse(source, filename=where)
+    except SyntaxError as e:
+        raise TaskError(where, f"syntax error: {e.msg}", e.lineno) from None
+
+
+def _check_structure(tree: ast.Module, where: str) -> None:
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    model = defs.get("Model")
+    if not isinstance(model, ast.ClassDef):
+        raise TaskError(where, "no `class Model(nn.Module)` at module level (KernelBench task format)")
+    if not any(isinstance(n, ast.FunctionDef) and n.name == "forward" for n in model.body):
+        raise TaskError(where, "class Model has no forward() method", model.lineno)
+    for fn in ("get_inputs", "get_init_inputs"):
+        node = defs.get(fn)
+        if not isinstance(node, ast.FunctionDef):
+            raise TaskError(where, f"no `def {fn}()` at module level (KernelBench task format)")
+        a = node.args
+        required = len(a.posonlyargs) + len(a.args) - len(a.defaults)
+        required += sum(d is None for d in a.kw_defaults)
+        if required:
+            raise TaskError(where, f"{fn}() must take no required arguments", node.lineno)
+
+
+def _module_sizes(tree: ast.Module) -> dict[str, int]:
+    sizes = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+            and type(node.value.value) is int
+        ):
+            sizes[node.targets[0].id] = node.value.value
+    return sizes
+
+
+def _load_manifest(path: Path, text: str, sizes: dict[str, int]) -> Manifest:
+    where = str(path)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(where, f"invalid TOML: {e}", getattr(e, "lineno", None)) from None
+    try:
+        manifest = Manifest.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        raise TaskError(where, f"{key}: {err['msg']}", _line_of(text, err["loc"])) from None
+    named = [("small.sizes", manifest.small.sizes)] + [(f"shapes[{s.name}].sizes", s.sizes) for s in manifest.shapes]
+    for label, overrides in named:
+        unknown = set(overrides) - set(sizes)
+        if unknown:
+            raise TaskError(
+                where,
+                f"{label}: {sorted(unknown)} are not module-level integer sizes of the task "
+                f"(known: {sorted(sizes) or 'none'})",
+                _line_of(text, [sorted(unknown)[0]]),
+            )
+    names = [s.name for s in manifest.shapes]
+    if "main" in names or len(set(names)) != len(names):
+        raise TaskError(where, "shape names must be unique and not 'main' (the task's own sizes)")
+    for label in ("flops", "bytes"):
+        expr = getattr(manifest, label)
+        if expr:
+            _eval_size_expr(expr, sizes, where)  # fail now, not mid-evaluation
+    return manifest
+
+
+def _line_of(text: str, loc: Any) -> int | None:
+    """Best-effort line of the first TOML line mentioning the last string key of a validation path."""
+    keys = [p for p in loc if isinstance(p, str)]
+    if not keys:
+        return None
+    for i, line in enumerate(text.splitlines(), 1):
+        if keys[-1] in line:
+            return i
+    return None
+
+
+_ARITH = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+          ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Pow: lambda a, b: a**b}
+
+
+def _eval_size_expr(expr: str, sizes: dict[str, int], where: str) -> float:
+    """Evaluate arithmetic over module sizes (`2 * M * N * K`) without eval()."""
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in sizes:
+                raise TaskError(where, f"expression {expr!r}: unknown size {node.id!r}")
+            return sizes[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
+            return _ARITH[type(node.op)](ev(node.left), ev(node.right))
+        raise TaskError(where, f"expression {expr!r}: only numbers, sizes and + - * / // ** are allowed")
+
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        raise TaskError(where, f"expression {expr!r} is not valid arithmetic") from None
+    return float(ev(tree))

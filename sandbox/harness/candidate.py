@@ -1,0 +1,114 @@
+"""Untrusted side of an evaluation: loads the candidate's `ModelNew`, runs it on the saved inputs, times it.
+
+    python -m sandbox.harness.candidate SPEC
+
+It sees only its own file and its inputs (never the task or the reference outputs). Outputs are saved as
+tensors for the trusted check process; failures are written as data with the stage they happened in.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from sandbox.harness.common import (as_outputs, error_info, is_compile_error, load_module, prepare_device,
+                                    to_device, write_result)
+
+
+class CandidateFailure(Exception):
+    def __init__(self, verdict: str, stage: str, reason: str, info: dict | None = None):
+        super().__init__(reason)
+        self.verdict, self.stage, self.reason, self.info = verdict, stage, reason, info or {}
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    prepare_device(spec["device"])
+    try:
+        result = run(spec)
+    except CandidateFailure as f:
+        result = {"status": "failed", "verdict": f.verdict, "stage": f.stage, "reason": f.reason, **f.info}
+    write_result(spec["result"], result)
+    return 0
+
+
+def _failure(exc: BaseException, stage: str, what: str, path: str) -> CandidateFailure:
+    info = error_info(exc, path)
+    where = f"candidate.py line {info['line']}" if info["line"] else "candidate"
+    short = info["type"].rsplit(".", 1)[-1]
+    if isinstance(exc, SyntaxError):
+        return CandidateFailure("load_error", "load", f"syntax error in {where}: {exc.msg}", info)
+    if is_compile_error(exc):
+        return CandidateFailure("compile_error", "compile", f"kernel build failed {what} ({where}): {short}: "
+                                f"{info['message'][:600]}", info)
+    verdict = "load_error" if stage == "load" else "runtime_error"
+    return CandidateFailure(verdict, stage, f"{short} {what} ({where}): {info['message'][:600]}", info)
+
+
+def _progress(spec: dict, stage: str) -> None:
+    """Record the stage reached, so a crash or timeout is reported at the right stage."""
+    write_result(spec["result"], {"status": "running", "stage": stage})
+
+
+def run(spec: dict) -> dict:
+    path = spec["candidate_file"]
+    _progress(spec, "load")
+    try:
+        module = load_module(path, "candidate")
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from the candidate is a load failure too
+        raise _failure(exc, "load", "while importing", path) from None
+    model_cls = getattr(module, "ModelNew", None)
+    if model_cls is None or not isinstance(model_cls, type):
+        raise CandidateFailure("load_error", "load", "candidate defines no class ModelNew (KernelBench convention)")
+
+    import torch
+
+    from sandbox.harness.timing import time_calls
+
+    device = spec["device"]
+    dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    timings = {}
+    for shape in spec["shapes"]:
+        _progress(spec, "correctness")
+        input_sets, timed_model = [], None
+        for seed in spec["seeds"]:
+            saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True)
+            torch.manual_seed(seed)
+            try:
+                model = model_cls(*saved["init"]).to(device)
+                if dtype is not None:
+                    model = model.to(dtype)
+            except BaseException as exc:  # noqa: BLE001
+                raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
+            args = to_device(saved["args"], device, shape["layout"])
+            try:
+                with torch.no_grad():
+                    result = model(*args)
+                sync()  # kernel faults surface here, attributed to this call
+            except BaseException as exc:  # noqa: BLE001
+                raise _failure(exc, "correctness", f"in forward at shape {shape['name']}, seed {seed}", path) from None
+            outs = as_outputs(result)
+            if outs is None:
+                raise CandidateFailure("wrong_output", "correctness",
+                                       f"forward returned {type(result).__name__}, expected tensor(s), "
+                                       f"at shape {shape['name']}, seed {seed}")
+            torch.save([o.detach().cpu().clone() for o in outs], Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
+            input_sets.append(args)
+            timed_model = timed_model or model
+        _progress(spec, "timing")
+        try:
+            timings[shape["name"]] = time_calls(timed_model, input_sets, device, budget_s=spec["timing_budget_s"])
+        except BaseException as exc:  # noqa: BLE001
+            raise _failure(exc, "timing", f"while timing shape {shape['name']}", path) from None
+    return {"status": "ok", "timings": timings}
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception:  # noqa: BLE001 - our bug (or a candidate that broke the harness): exit non-zero
+        traceback.print_exc()
+        sys.exit(70)

@@ -1,0 +1,150 @@
+"""Helpers shared by the reference and candidate harnesses: module loading, tensors on disk, errors as data."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+DTYPES = {"float64": "float64", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def prepare_device(device: str) -> None:
+    """Must run before torch/triton are imported: on the CPU, Triton kernels run in its interpreter."""
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def load_module(path: str | Path, name: str, display_path: str | None = None):
+    """Import a Python file as a module. `display_path` names the file in tracebacks (the user's path)."""
+    path = Path(path)
+    source = path.read_text()
+    code = compile(source, display_path or str(path), "exec")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(path)
+    sys.modules[name] = module  # dataclasses, pickling and Triton's source lookup need the module registered
+    exec(code, module.__dict__)
+    return module
+
+
+def as_outputs(result: Any) -> list | None:
+    """A forward() result as a list of tensors, or None when it is something else."""
+    import torch
+
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)) and result and all(isinstance(t, torch.Tensor) for t in result):
+        return list(result)
+    return None
+
+
+def to_device(values: list, device: str, layout: str) -> list:
+    """Move saved inputs to the device; `strided` makes every tensor input a non-contiguous view."""
+    import torch
+
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            v = v.to(device)
+            if layout == "strided" and v.dim() >= 1:
+                # Same values, but every row sits in a buffer twice as wide: a stride-2 view.
+                wide = torch.empty(*v.shape[:-1], v.shape[-1] * 2, dtype=v.dtype, device=device)
+                wide[..., ::2] = v
+                v = wide[..., ::2]
+        out.append(v)
+    return out
+
+
+def cast_floating(values: list, dtype) -> list:
+    import torch
+
+    return [v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values]
+
+
+def error_info(exc: BaseException, file_of_interest: str) -> dict:
+    """Type, message and the innermost line of `file_of_interest` (the candidate's or task's file)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    line = None
+    for fr in frames:
+        if fr.filename == file_of_interest:
+            line = fr.lineno
+    if isinstance(exc, SyntaxError) and exc.filename == file_of_interest:
+        line = exc.lineno
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {
+        "type": f"{type(exc).__module__}.{type(exc).__name__}",
+        "message": str(exc).strip()[:2000],
+        "line": line,
+        "traceback": text[-6000:],
+    }
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """Kernel build failures from any backend: Triton (compiler or interpreter), load_inline, CuPy/NVRTC."""
+    import subprocess
+
+    name = type(exc).__name__
+    module = type(exc).__module__
+    if name in ("CompilationError", "CompileException") or module.startswith("triton.compiler"):
+        return True
+    if name == "InterpreterError":  # TRITON_INTERPRET wraps semantic errors (bad arange, unknown tl.* ...)
+        return any(k in str(exc) for k in ("ValueError", "AttributeError", "TypeError", "NameError", "CompilationError"))
+    if isinstance(exc, subprocess.CalledProcessError):
+        return True
+    return isinstance(exc, (RuntimeError, ImportError, OSError)) and "Error building extension" in str(exc)
+
+
+def environment(device: str) -> dict:
+    """What produced the numbers: device, driver and library versions."""
+    import torch
+
+    env = {
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "hostname": socket.gethostname(),
+        "cpu": platform.processor() or platform.machine(),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001 - a missing Triton is reported, not fatal
+        env["triton"] = None
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, gpu_sms=props.multi_processor_count, cuda=torch.version.cuda,
+                   gpu_memory_gib=round(props.total_memory / 2**30, 1), driver=_driver_version())
+    return env
+
+
+def _driver_version() -> str | None:
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        for word in text.split():
+            if word.count(".") >= 1 and word.replace(".", "").isdigit():
+                return word
+    except OSError:
+        pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # noqa: BLE001 - driver version is evidence, not a requirement
+        return None
+
+
+def write_result(path: str | Path, result: dict) -> None:
+    """Write atomically, so a process killed mid-write leaves no half result."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    os.replace(tmp, path)

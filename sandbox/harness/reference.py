@@ -1,0 +1,212 @@
+"""Trusted side of an evaluation: runs the task's `Model`, never the candidate.
+
+    python -m sandbox.harness.reference prepare SPEC   inputs for every shape and seed, eager/compile timings
+    python -m sandbox.harness.reference check SPEC     float64 reference vs the candidate's saved outputs
+
+SPEC is a JSON file written by the controller (appliance.evaluation.pipeline). Results go to the file the spec
+names; a task that raises is reported as {"status": "task_error"} with the task file's line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from sandbox.harness.common import (as_outputs, cast_floating, environment, error_info, load_module,
+                                    prepare_device, to_device, write_result)
+
+
+class TaskFault(Exception):
+    """The task's own code failed: reported against the task file, not the candidate."""
+
+    def __init__(self, what: str, exc: BaseException, task_path: str):
+        self.info = error_info(exc, task_path)
+        self.info["what"] = what
+        super().__init__(f"{what}: {self.info['type'].rsplit('.', 1)[-1]}: {self.info['message']}")
+
+
+def main(argv: list[str]) -> int:
+    command, spec_path = argv
+    spec = json.loads(Path(spec_path).read_text())
+    prepare_device(spec["device"])
+    try:
+        result = {"prepare": prepare, "check": check}[command](spec)
+    except TaskFault as fault:
+        result = {"status": "task_error", "reason": str(fault), **fault.info}
+    write_result(spec["result"], result)
+    return 0
+
+
+def _task_call(what: str, spec: dict, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - any failure of the task's code is a task error
+        raise TaskFault(what, exc, spec["task_display"]) from exc
+
+
+def _load_task(spec: dict):
+    return _task_call("loading the task", spec, load_module, spec["task_file"], "task", spec["task_display"])
+
+
+def _dtype(spec: dict):
+    import torch
+
+    return getattr(torch, spec["dtype"]) if spec["dtype"] else None
+
+
+def _build_model(spec, task, init: list, seed: int, device: str, dtype):
+    import torch
+
+    torch.manual_seed(seed)
+    model = _task_call(f"Model(*get_init_inputs()) (seed {seed})", spec, lambda: task.Model(*init))
+    model = model.to(device)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def _make_inputs(spec: dict, task, shape: dict, seed: int) -> tuple[list, list]:
+    import torch
+
+    for name, value in shape["sizes"].items():
+        setattr(task, name, value)
+    torch.manual_seed(seed)
+    init = list(_task_call("get_init_inputs()", spec, task.get_init_inputs))
+    torch.manual_seed(seed)
+    args = list(_task_call("get_inputs()", spec, task.get_inputs))
+    args = _apply_distribution(args, shape["distribution"], seed)
+    dtype = _dtype(spec)
+    if dtype is not None:
+        args = cast_floating(args, dtype)
+    return init, args
+
+
+def _apply_distribution(args: list, dist: dict, seed: int) -> list:
+    """Replace floating-point inputs' values; shapes and dtypes stay as get_inputs() made them."""
+    import torch
+
+    if dist["kind"] == "default":
+        return args
+    gen = torch.Generator().manual_seed(10_007 * seed + 1)
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            shape, dtype = a.shape, a.dtype
+            if dist["kind"] == "uniform":
+                a = torch.rand(shape, generator=gen)
+            else:
+                a = torch.randn(shape, generator=gen)
+                if dist["kind"] == "scaled":
+                    a = a * dist["scale"]
+                elif dist["kind"] == "outliers":
+                    mask = torch.rand(shape, generator=gen) < dist["fraction"]
+                    a = torch.where(mask, a * dist["scale"], a)
+            a = a.to(dtype)
+        out.append(a)
+    return out
+
+
+def _input_path(spec: dict, shape: str, seed: int) -> Path:
+    return Path(spec["inputs_dir"]) / f"{shape}-{seed}.pt"
+
+
+def prepare(spec: dict) -> dict:
+    """Write every input set, record the eager outputs' dtypes/shapes, and time the baselines."""
+    import torch
+
+    from sandbox.harness.timing import time_calls
+
+    device, dtype = spec["device"], _dtype(spec)
+    task = _load_task(spec)
+    shapes_out, timings = [], {}
+    for shape in spec["shapes"]:
+        input_sets, model = [], None
+        for seed in spec["seeds"]:
+            init, args = _make_inputs(spec, task, shape, seed)
+            torch.save({"init": init, "args": args}, _input_path(spec, shape["name"], seed))
+            input_sets.append(to_device(args, device, shape["layout"]))
+            if model is None:
+                model = _build_model(spec, task, init, seed, device, dtype)
+        with torch.no_grad():
+            result = _task_call(f"Model.forward at shape {shape['name']}", spec, model, *input_sets[0])
+        outs = as_outputs(result)
+        if outs is None:
+            raise TaskFault("Model.forward", TypeError(f"returned {type(result).__name__}, not tensor(s)"),
+                            spec["task_display"])
+        shapes_out.append({
+            "name": shape["name"],
+            "input_shapes": [list(a.shape) for a in input_sets[0] if isinstance(a, torch.Tensor)],
+            "outputs": [{"dtype": str(o.dtype).removeprefix("torch."), "shape": list(o.shape)} for o in outs],
+        })
+        timings[shape["name"]] = _time_baselines(spec, model, input_sets, device)
+        del input_sets
+    return {"status": "ok", "shapes": shapes_out, "timings": timings, "environment": environment(device)}
+
+
+def _time_baselines(spec: dict, model, input_sets: list, device: str) -> dict:
+    """Eager and torch.compile, timed exactly like the candidate; a baseline that fails is recorded, not fatal."""
+    import torch
+
+    from sandbox.harness.timing import time_calls
+
+    out = {}
+    for name in spec["baselines"]:
+        try:
+            fn = model if name == "eager" else torch.compile(model)
+            out[name] = time_calls(fn, input_sets, device, budget_s=spec["timing_budget_s"])
+        except Exception as exc:  # noqa: BLE001 - e.g. no C++ compiler for inductor on this host
+            out[name] = {"error": f"{type(exc).__name__}: {str(exc).strip()[:500]}"}
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return out
+
+
+def check(spec: dict) -> dict:
+    """Recompute the reference in float64 from the saved inputs and compare the candidate's saved outputs."""
+    import torch
+
+    from sandbox.harness.compare import compare_outputs
+
+    device, dtype = spec["device"], _dtype(spec)
+    task = _load_task(spec)
+    expected = {s["name"]: s["outputs"] for s in spec["prepared_shapes"]}
+    cases = []
+    for shape in spec["shapes"]:
+        for seed in spec["seeds"]:
+            where = f"at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed}"
+            saved = torch.load(_input_path(spec, shape["name"], seed), weights_only=True)
+            for name, value in shape["sizes"].items():
+                setattr(task, name, value)
+            model = _build_model(spec, task, saved["init"], seed, device, dtype).to(torch.float64)
+            args = [a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                    for a in to_device(saved["args"], device, shape["layout"])]
+            with torch.no_grad():
+                refs = as_outputs(_task_call("float64 reference", spec, model, *args))
+            out_path = Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt"
+            try:
+                # weights_only: the file was written by untrusted code; never unpickle arbitrary objects.
+                outs = torch.load(out_path, weights_only=True, map_location=device)
+            except Exception as exc:  # noqa: BLE001
+                cases.append({"shape": shape["name"], "seed": seed, "kind": "wrong_output",
+                              "reason": f"unreadable candidate output {where}: {type(exc).__name__}: {exc}"})
+                continue
+            if not isinstance(outs, list) or not all(isinstance(o, torch.Tensor) for o in outs):
+                failure = {"kind": "wrong_output", "reason": f"candidate output is not a list of tensors {where}"}
+            else:
+                failure = compare_outputs(outs, refs, expected[shape["name"]], spec["tolerances"], where)
+            cases.append({"shape": shape["name"], "seed": seed, **(failure or {"kind": "pass", "reason": ""})})
+    return {"status": "ok", "cases": cases}
+
+
+def _sizes_text(sizes: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sizes.items())
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception:  # noqa: BLE001 - our bug: say so on stderr, exit non-zero
+        traceback.print_exc()
+        sys.exit(70)
