@@ -44,7 +44,13 @@ class JailResult:
 
     @property
     def signal(self) -> int | None:
-        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+        """The signal that ended the process: bwrap reports its child's death by signal N as exit 128+N."""
+        rc = self.returncode
+        if rc is None:
+            return None
+        if rc < 0:
+            return -rc
+        return rc - 128 if self.jailed and 128 < rc < 160 else None
 
 
 @dataclass

@@ -207,7 +207,7 @@ def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> 
         return "timeout", stage, f"the candidate did not finish within {timeout:.0f} s (wall clock); killed"
     if result is None or result.get("status") == "running" or run.returncode != 0:
         if run.signal:
-            how = f"was killed by signal {signal.Signals(run.signal).name}"
+            how = f"was killed by signal {_signal_name(run.signal)}"
         else:
             how = f"exited with code {run.returncode} before reporting a result"
         tail = run.stderr.strip().splitlines()[-1:] or [""]
@@ -215,6 +215,13 @@ def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> 
     if result["status"] == "failed":
         return result["verdict"], result["stage"], result["reason"]
     return None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def _user_paths(reason: str, candidate_path: Path) -> str:

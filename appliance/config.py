@@ -1,0 +1,35 @@
+"""Where the appliance keeps its state, and how the user overrides it (flags beat environment beat defaults)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Settings:
+    home: Path  # APPLIANCE_HOME: database, job directories
+    db_url: str  # any SQLAlchemy URL; SQLite file under home by default
+    suite_dir: Path  # the bundled task suite (benchmarks/tasks)
+    unsafe_no_jail: bool  # development only: run harness processes without bubblewrap
+
+    @classmethod
+    def load(cls, db_url: str | None = None) -> Settings:
+        home = Path(os.environ.get("APPLIANCE_HOME") or Path.home() / ".local/share/appliance")
+        url = db_url or os.environ.get("APPLIANCE_DB_URL") or f"sqlite:///{home / 'appliance.db'}"
+        suite = Path(os.environ.get("APPLIANCE_SUITE") or REPO_ROOT / "benchmarks/tasks")
+        return cls(home=home, db_url=url, suite_dir=suite,
+                   unsafe_no_jail=_truthy(os.environ.get("APPLIANCE_UNSAFE_NO_JAIL")))
+
+    @property
+    def jobs_dir(self) -> Path:
+        path = self.home / "jobs"
+        path.mkdir(parents=True, exist_ok=True)
+        return path

@@ -1,0 +1,317 @@
+"""The appliance's database: make_engine (SQLite tuned for several processes, or any SQLAlchemy URL), migrate
+(Alembic to head) and Store, the one object the rest of the appliance reads and writes through.
+
+Store methods each run in their own short transaction and return plain model objects or small row dataclasses,
+usable after the session is gone; nothing here keeps a session open between calls."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, event, func
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.pool import StaticPool
+from sqlmodel import Session, col, select
+
+from appliance.db.models import Candidate, Evaluation, Run, Task, Timing, utc_now
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+RUN_STATUSES = ("created", "running", "finished", "failed")
+PASS = "pass"
+
+# Execution option read by the SQLite "begin" hook: writers take the write lock when they begin.
+_WRITE_LOCK = "appliance_write_lock"
+_TIMING_FIELDS = frozenset(Timing.model_fields) - {"id", "evaluation_id"}
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`. SQLite gets WAL, enforced foreign keys, a 5 s busy wait and real transactions;
+    `sqlite://` (in memory) shares one connection, so every session sees the same database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    database = parsed.database or ""
+    if database in ("", ":memory:"):
+        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Python's sqlite3 only BEGINs before DML, leaving DDL and read-then-write unprotected: we BEGIN ourselves.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        # busy_timeout first: switching to WAL needs a lock another process may hold.
+        for pragma in ("busy_timeout=5000", "journal_mode=WAL", "foreign_keys=ON"):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        # IMMEDIATE waits (busy_timeout) for the write lock up front; a deferred transaction that reads and then
+        # writes would instead fail with "database is locked" when another process wrote in between.
+        immediate = connection.get_execution_options().get(_WRITE_LOCK, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the database to the newest schema (a no-op when it is there), in one transaction."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.execution_options(**{_WRITE_LOCK: True}).begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+
+
+def schema_version(engine: Engine) -> str:
+    """The database's Alembic revision ("0001", ...); "" if it was never migrated."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision() or ""
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluationRow:
+    """One line of `list_evaluations`: an evaluation with its task and candidate."""
+
+    id: int
+    created_at: datetime
+    task_name: str
+    candidate_path: str | None
+    proposer: str
+    verdict: str
+    stage: str
+    reason: str
+    speedup_vs_eager: float | None
+    speedup_vs_compile: float | None
+    device: str
+    run_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """One line of `list_runs`; best_speedup_vs_eager counts passing evaluations only."""
+
+    id: int
+    task_name: str
+    kind: str
+    status: str
+    created_at: datetime
+    finished_at: datetime | None
+    candidates: int
+    evaluations: int
+    best_speedup_vs_eager: float | None
+
+
+class Store:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._writer = engine.execution_options(**{_WRITE_LOCK: True})
+
+    @classmethod
+    def open(cls, url: str) -> Store:
+        """Engine for `url`, migrated to the newest schema."""
+        engine = make_engine(url)
+        migrate(engine)
+        return cls(engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        # expire_on_commit=False: returned objects keep their values after the session closes.
+        with Session(self._writer, expire_on_commit=False) as session:
+            yield session
+            session.commit()
+
+    def _read(self) -> Session:
+        return Session(self.engine, expire_on_commit=False)
+
+    # --- writes ---
+
+    def get_or_add_task(self, name: str, path: str | Path, source: str, manifest: str = "") -> Task:
+        """The task stored for this file and content, added if new. `path` is stored resolved (absolute)."""
+        resolved, digest = str(Path(path).resolve()), sha256(source)
+        with self._write() as session:
+            query = select(Task).where(Task.path == resolved, Task.source_sha256 == digest)
+            task = session.exec(query).first()
+            if task is None:
+                task = Task(name=name, path=resolved, source=source, source_sha256=digest, manifest=manifest)
+                session.add(task)
+            return task
+
+    def add_run(self, task_id: int, kind: str, config: dict[str, Any] | None = None) -> Run:
+        with self._write() as session:
+            run = Run(task_id=task_id, kind=kind, status="created", config=config or {})
+            session.add(run)
+            return run
+
+    def start_run(self, run_id: int) -> Run:
+        return self._set_run_status(run_id, "running")
+
+    def finish_run(self, run_id: int, status: str = "finished") -> Run:
+        if status not in ("finished", "failed"):
+            raise ValueError(f"a run finishes as 'finished' or 'failed', not {status!r}")
+        return self._set_run_status(run_id, status, finished_at=utc_now())
+
+    def _set_run_status(self, run_id: int, status: str, finished_at: datetime | None = None) -> Run:
+        assert status in RUN_STATUSES, status
+        with self._write() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise KeyError(f"no run {run_id}")
+            run.status, run.finished_at = status, finished_at
+            return run
+
+    def add_candidate(
+        self,
+        run_id: int,
+        task_id: int,
+        source: str,
+        path: str | None = None,
+        parent_id: int | None = None,
+        proposer: str = "manual",
+    ) -> Candidate:
+        with self._write() as session:
+            candidate = Candidate(
+                run_id=run_id,
+                task_id=task_id,
+                source=source,
+                source_sha256=sha256(source),
+                path=path,
+                parent_id=parent_id,
+                proposer=proposer,
+            )
+            session.add(candidate)
+            return candidate
+
+    def add_evaluation(
+        self,
+        candidate_id: int,
+        run_id: int,
+        *,
+        verdict: str,
+        stage: str,
+        jailed: bool,
+        device: str,
+        mode: str,
+        reason: str = "",
+        speedup_vs_eager: float | None = None,
+        speedup_vs_compile: float | None = None,
+        environment: dict[str, Any] | None = None,
+        details: dict[str, Any] | None = None,
+        timings: Iterable[dict[str, Any]] = (),
+    ) -> Evaluation:
+        """Store a verdict and its timings together: a crash leaves both or neither."""
+        timings = list(timings)
+        for timing in timings:
+            if unknown := set(timing) - _TIMING_FIELDS:
+                raise ValueError(f"unknown timing fields {sorted(unknown)}; expected {sorted(_TIMING_FIELDS)}")
+        with self._write() as session:
+            evaluation = Evaluation(
+                candidate_id=candidate_id,
+                run_id=run_id,
+                verdict=verdict,
+                stage=stage,
+                reason=reason,
+                jailed=jailed,
+                device=device,
+                mode=mode,
+                speedup_vs_eager=speedup_vs_eager,
+                speedup_vs_compile=speedup_vs_compile,
+                environment=environment or {},
+                details=details or {},
+            )
+            session.add(evaluation)
+            session.flush()  # assigns evaluation.id for the timings
+            session.add_all(  # sizes None (a shape the client could not size) is stored as {} like the default
+                Timing(**{**timing, "evaluation_id": evaluation.id, "sizes": timing.get("sizes") or {}})
+                for timing in timings
+            )
+            return evaluation
+
+    # --- reads ---
+
+    def get_candidate(self, candidate_id: int) -> Candidate | None:
+        with self._read() as session:
+            return session.get(Candidate, candidate_id)
+
+    def get_evaluation(self, evaluation_id: int) -> tuple[Evaluation, list[Timing]] | None:
+        """The evaluation and its timings in insertion order; None if there is no such evaluation."""
+        with self._read() as session:
+            evaluation = session.get(Evaluation, evaluation_id)
+            if evaluation is None:
+                return None
+            query = select(Timing).where(Timing.evaluation_id == evaluation_id).order_by(col(Timing.id))
+            return evaluation, list(session.exec(query).all())
+
+    def list_evaluations(self, limit: int = 50, task_name: str | None = None) -> list[EvaluationRow]:
+        """The newest evaluations first, optionally of one task (by name)."""
+        query = (
+            select(
+                col(Evaluation.id).label("id"),
+                col(Evaluation.created_at).label("created_at"),
+                col(Task.name).label("task_name"),
+                col(Candidate.path).label("candidate_path"),
+                col(Candidate.proposer).label("proposer"),
+                col(Evaluation.verdict).label("verdict"),
+                col(Evaluation.stage).label("stage"),
+                col(Evaluation.reason).label("reason"),
+                col(Evaluation.speedup_vs_eager).label("speedup_vs_eager"),
+                col(Evaluation.speedup_vs_compile).label("speedup_vs_compile"),
+                col(Evaluation.device).label("device"),
+                col(Evaluation.run_id).label("run_id"),
+            )
+            .join(Candidate, col(Candidate.id) == Evaluation.candidate_id)
+            .join(Task, col(Task.id) == Candidate.task_id)
+            .order_by(col(Evaluation.created_at).desc(), col(Evaluation.id).desc())
+            .limit(limit)
+        )
+        if task_name is not None:
+            query = query.where(Task.name == task_name)
+        with self._read() as session:
+            return [EvaluationRow(**row._mapping) for row in session.exec(query)]
+
+    def list_runs(self, limit: int = 50) -> list[RunRow]:
+        """The newest runs first, with how many candidates and evaluations each has and its best passing speedup."""
+        candidates = select(func.count(col(Candidate.id))).where(Candidate.run_id == Run.id).scalar_subquery()
+        evaluations = select(func.count(col(Evaluation.id))).where(Evaluation.run_id == Run.id).scalar_subquery()
+        best = (
+            select(func.max(Evaluation.speedup_vs_eager))
+            .where(Evaluation.run_id == Run.id, Evaluation.verdict == PASS)
+            .scalar_subquery()
+        )
+        query = (
+            select(
+                col(Run.id).label("id"),
+                col(Task.name).label("task_name"),
+                col(Run.kind).label("kind"),
+                col(Run.status).label("status"),
+                col(Run.created_at).label("created_at"),
+                col(Run.finished_at).label("finished_at"),
+                candidates.label("candidates"),
+                evaluations.label("evaluations"),
+                best.label("best_speedup_vs_eager"),
+            )
+            .join(Task, col(Task.id) == Run.task_id)
+            .order_by(col(Run.created_at).desc(), col(Run.id).desc())
+            .limit(limit)
+        )
+        with self._read() as session:
+            return [RunRow(**row._mapping) for row in session.exec(query)]

@@ -1,0 +1,65 @@
+"""Triton baseline for LayerNorm: one program per row.
+
+Mean and variance are taken in two separate passes (not E[x^2] - E[x]^2, which cancels badly for rows with a
+large mean); the third pass normalises and applies the affine weight and bias. Rows longer than one block are
+walked in chunks, and the re-reads of a row mostly hit L2.
+"""
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_cols, stride_xr, stride_xc, stride_yr, eps,
+                      BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31 at full size
+    x_row = x_ptr + row * stride_xr
+    y_row = y_ptr + row * stride_yr
+    offs = tl.arange(0, BLOCK)
+
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        acc += tl.load(x_row + cols * stride_xc, mask=cols < n_cols, other=0.0).to(tl.float32)
+    mean = tl.sum(acc, 0) / n_cols
+
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        mask = cols < n_cols
+        x = tl.load(x_row + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - mean, 0.0)
+        acc += d * d
+    rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / n_cols + eps)
+
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        mask = cols < n_cols
+        x = tl.load(x_row + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd * w + b
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        # Same module and same draws, in the same order, as the task's Model.
+        self.ln = nn.LayerNorm(dim)
+        with torch.no_grad():
+            self.ln.weight.normal_()
+            self.ln.bias.normal_()
+
+    def forward(self, x):
+        x2 = x.reshape(-1, x.shape[-1])  # a view whenever possible; the kernel takes both strides
+        n_rows, n_cols = x2.shape
+        y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
+        if y.numel() == 0:
+            return y.view(x.shape)
+        block = min(triton.next_power_of_2(n_cols), 4096)
+        _layernorm_kernel[(n_rows,)](x2, self.ln.weight.contiguous(), self.ln.bias.contiguous(), y, n_cols,
+                                     x2.stride(0), x2.stride(1), y.stride(0), self.ln.eps,
+                                     BLOCK=block, num_warps=8 if block >= 2048 else 4)
+        return y.view(x.shape)

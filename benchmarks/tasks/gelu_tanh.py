@@ -1,0 +1,24 @@
+"""GELU, tanh approximation, elementwise (run in bf16 via the manifest)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return F.gelu(x, approximate="tanh")
+
+
+batch_size = 16384
+dim = 32768
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
