@@ -12,7 +12,9 @@ class Model(nn.Module):
         super().__init__()
         self.eps = eps
         self.proj = nn.Linear(in_features, hidden, bias=False)
-        self.weight = nn.Parameter(torch.randn(hidden))
+        # Random but RMSNorm-like (0.5..1.5): a randn weight's tails (|w| ~ 4.5) would amplify the bf16 rounding
+        # of the GEMM output past the bf16 tolerance even for eager PyTorch.
+        self.weight = nn.Parameter(0.5 + torch.rand(hidden))
 
     def forward(self, x, residual):
         h = self.proj(x) + residual

@@ -75,7 +75,8 @@ def run(spec: dict) -> dict:
         _progress(spec, "correctness")
         input_sets, timed_model = [], None
         for seed in spec["seeds"]:
-            saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True)
+            saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True,
+                               map_location=device)
             torch.manual_seed(seed)
             try:
                 model = model_cls(*saved["init"]).to(device)

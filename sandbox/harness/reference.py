@@ -75,7 +75,9 @@ def _make_inputs(spec: dict, task, shape: dict, seed: int) -> tuple[list, list]:
     torch.manual_seed(seed)
     init = list(_task_call("get_init_inputs()", spec, task.get_init_inputs))
     torch.manual_seed(seed)
-    args = list(_task_call("get_inputs()", spec, task.get_inputs))
+    # Inputs are made on the evaluation device: drawing gigabytes of random numbers on the CPU is slow.
+    with torch.device(spec["device"]):
+        args = list(_task_call("get_inputs()", spec, task.get_inputs))
     args = _apply_distribution(args, shape["distribution"], seed)
     dtype = _dtype(spec)
     if dtype is not None:
@@ -89,19 +91,19 @@ def _apply_distribution(args: list, dist: dict, seed: int) -> list:
 
     if dist["kind"] == "default":
         return args
-    gen = torch.Generator().manual_seed(10_007 * seed + 1)
     out = []
     for a in args:
         if isinstance(a, torch.Tensor) and a.is_floating_point():
-            shape, dtype = a.shape, a.dtype
+            shape, dtype, dev = a.shape, a.dtype, a.device
+            gen = torch.Generator(device=dev).manual_seed(10_007 * seed + len(out) + 1)
             if dist["kind"] == "uniform":
-                a = torch.rand(shape, generator=gen)
+                a = torch.rand(shape, generator=gen, device=dev)
             else:
-                a = torch.randn(shape, generator=gen)
+                a = torch.randn(shape, generator=gen, device=dev)
                 if dist["kind"] == "scaled":
                     a = a * dist["scale"]
                 elif dist["kind"] == "outliers":
-                    mask = torch.rand(shape, generator=gen) < dist["fraction"]
+                    mask = torch.rand(shape, generator=gen, device=dev) < dist["fraction"]
                     a = torch.where(mask, a * dist["scale"], a)
             a = a.to(dtype)
         out.append(a)
@@ -125,8 +127,10 @@ def prepare(spec: dict) -> dict:
         input_sets, model = [], None
         for seed in spec["seeds"]:
             init, args = _make_inputs(spec, task, shape, seed)
-            torch.save({"init": init, "args": args}, _input_path(spec, shape["name"], seed))
+            cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+            torch.save({"init": init, "args": cpu_args}, _input_path(spec, shape["name"], seed))
             input_sets.append(to_device(args, device, shape["layout"]))
+            del args, cpu_args
             if model is None:
                 model = _build_model(spec, task, init, seed, device, dtype)
         with torch.no_grad():
@@ -176,7 +180,7 @@ def check(spec: dict) -> dict:
     for shape in spec["shapes"]:
         for seed in spec["seeds"]:
             where = f"at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed}"
-            saved = torch.load(_input_path(spec, shape["name"], seed), weights_only=True)
+            saved = torch.load(_input_path(spec, shape["name"], seed), weights_only=True, map_location=device)
             for name, value in shape["sizes"].items():
                 setattr(task, name, value)
             model = _build_model(spec, task, saved["init"], seed, device, dtype).to(torch.float64)
