@@ -47,8 +47,9 @@ class Appliance:
 
         return self.runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
 
-    def eval_json(self, task, candidate, *extra: str) -> tuple[int, dict]:
-        result = self("eval", task, candidate, "--json", "--baselines", "eager", "--timing-budget", "0.05", *extra)
+    def eval_json(self, task, candidate, *extra: str, device: str = "cpu") -> tuple[int, dict]:
+        result = self("eval", task, candidate, "--json", "--device", device, "--baselines", "eager",
+                      "--timing-budget", "0.05", *extra)
         return result.exit_code, json.loads(result.stdout)
 
 

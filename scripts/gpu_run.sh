@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU acceptance run (on a GPU host with torch/triton but without the appliance installed):
+# install the carried wheelhouse, unpack bubblewrap if the host lacks it, run the GPU tests, then evaluate every
+# bundled task's baseline at full size and print the table.
+#
+#   scripts/build_wheelhouse.sh .whl --python 3.12 --without "torch triton numpy"   # on a connected machine
+#   bash scripts/gpu_run.sh [OUT_DIR] [--only softmax,cumsum] [--skip-tests]
+set -uo pipefail
+out=${1:-${OUT:-gpu-results}}; shift || true
+only=""; skip_tests=0
+while [ $# -gt 0 ]; do
+  case $1 in --only) only=$2; shift 2 ;; --skip-tests) skip_tests=1; shift ;; *) shift ;; esac
+done
+mkdir -p "$out"
+site=/tmp/appliance-site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+  $(ls .whl/*.whl | grep -v kernel_optimizer_appliance) || exit 1
+export PYTHONPATH="$PWD:$site" PYTHONUNBUFFERED=1
+if ! command -v bwrap >/dev/null; then
+  dpkg -x .whl/bubblewrap_*.deb /tmp/bwrap-root && export APPLIANCE_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
+fi
+export APPLIANCE_HOME=/dev/shm/appliance   # job dirs hold gigabytes of inputs: keep them in memory
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+if [ $skip_tests = 0 ]; then
+  python3 -m pytest tests/evaluation/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.log" | tail -15
+fi
+python3 scripts/run_suite.py --out "$out/suite" ${only:+--only "$only"} 2>&1 | tee "$out/suite.log"

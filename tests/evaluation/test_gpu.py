@@ -1,0 +1,35 @@
+"""The GPU path (run on the GPU machine: `pytest -m gpu`); skipped cleanly without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import REPO, candidate
+
+pytestmark = pytest.mark.gpu
+
+
+def test_honest_candidate_on_gpu_with_both_baselines(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, candidate("good"), "--baselines", "eager,compile",
+                                       "--mode", "full", device="cuda")
+    assert code == 0, result
+    assert result["device"] == "cuda" and result["jailed"] is True
+    impls = {t["implementation"] for t in result["timings"] if t["shape"] == "main"}
+    assert impls == {"candidate", "eager", "compile"}
+    assert all(t["device"] == "cuda" and t["median_ms"] > 0 for t in result["timings"] if not t["error"])
+    env = result["environment"]
+    assert env["gpu"] and env["driver"] and env["cuda"]
+
+
+@pytest.mark.parametrize("name,verdict", [("slightly_off", "wrong_output"), ("edge_wrong", "wrong_output"),
+                                          ("compile_error", "compile_error"), ("nan", "nan_inf")])
+def test_broken_candidate_on_gpu(appliance, softmax_task, name, verdict):
+    code, result = appliance.eval_json(softmax_task, candidate(name), "--mode", "full", device="cuda")
+    assert code == 1 and result["verdict"] == verdict, result["reason"]
+
+
+def test_bundled_baseline_full_size_on_gpu(appliance):
+    task = REPO / "benchmarks/tasks/softmax.py"
+    code, result = appliance.eval_json(task, REPO / "benchmarks/baselines/softmax.py", device="cuda")
+    assert code == 0, result
+    assert result["mode"] == "full"
