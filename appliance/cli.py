@@ -126,6 +126,7 @@ def _outcome_json(o: Outcome, evaluation_id: int, run_id: int) -> dict:
         "jailed": o.jailed, "device": o.device, "mode": o.mode,
         "speedup_vs_eager": o.speedup_vs_eager, "speedup_vs_compile": o.speedup_vs_compile,
         "timings": o.timings, "environment": o.environment, "evaluation_id": evaluation_id, "run_id": run_id,
+        "wall_s": o.details.get("wall_s"),
     }
 
 

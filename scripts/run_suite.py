@@ -36,13 +36,14 @@ def main() -> int:
                                *args.extra], capture_output=True, text=True)
         wall = time.monotonic() - t0
         (args.out / f"{task.stem}.json").write_text(proc.stdout or "{}")
-        (args.out / f"{task.stem}.stderr").write_text(proc.stderr)
         try:
             result = json.loads(proc.stdout)
         except ValueError:
             result = {"verdict": "harness_error", "reason": proc.stderr.strip()[-300:]}
+        if result.get("verdict") != "pass":
+            (args.out / f"{task.stem}.stderr").write_text(proc.stderr)
         rows.append((task.stem, result, wall))
-        print(f"{task.stem}: {result.get('verdict', result.get('error'))} ({wall:.0f} s)", flush=True)
+        print(table(rows[-1:]).splitlines()[-1], flush=True)  # partial results survive a cut-off run
     print()
     print(table(rows))
     return 0 if all(r.get("verdict") == "pass" for _, r, _ in rows) else 1

@@ -80,6 +80,7 @@ def detect_backends(source: str) -> list[str]:
 class Pipeline:
     def __init__(self, jail: Jail, settings: EvalSettings):
         self.jail, self.settings = jail, settings
+        self.wall_s: dict[str, float] = {}  # seconds per process of the last evaluation
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
         s = self.settings
@@ -134,7 +135,7 @@ class Pipeline:
                                  workdir=dirs["reference"], rw=[dirs["inputs"]], timeout=s.reference_timeout_s,
                                  task=task)
         environment = prepared["environment"]
-        details = {"backends": backends, "shapes": prepared["shapes"]}
+        details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": dict(self.wall_s)}
 
         # 2. The candidate, which sees its own file and the inputs, nothing else.
         cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py")}
@@ -145,6 +146,7 @@ class Pipeline:
                             timeout_s=s.candidate_timeout_s, log_dir=job)
         cand = _read_result(dirs["candidate"] / "result.json")
         details["candidate_stderr"] = run.stderr[-4000:]
+        details["wall_s"]["candidate"] = round(run.wall_s, 2)
         failure = _candidate_failure(run, cand, s.candidate_timeout_s)
         if failure:
             verdict, stage, reason = failure
@@ -158,6 +160,7 @@ class Pipeline:
                                 workdir=dirs["check"], ro=[dirs["reference"], dirs["inputs"], dirs["outputs"]],
                                 timeout=s.reference_timeout_s, task=task)
         details["cases"] = checked["cases"]
+        details["wall_s"]["check"] = self.wall_s["check"]
         bad = [c for c in checked["cases"] if c["kind"] != "pass"]
         if bad:
             return Outcome(**base | dict(verdict=bad[0]["kind"], stage="correctness", reason=bad[0]["reason"]),
@@ -177,6 +180,7 @@ class Pipeline:
         spec_path.write_text(json.dumps(spec | {"result": str(result_path)}))
         run = self.jail.run([_python(), "-m", f"sandbox.harness.{module}", *args, str(spec_path)],
                             workdir=workdir, ro=list(ro), rw=list(rw), timeout_s=timeout)
+        self.wall_s[args[0]] = round(run.wall_s, 2)
         result = _read_result(result_path)
         if run.timed_out:
             raise TaskError(str(task.path), f"the reference ({args[0]}) did not finish within {timeout:.0f} s")
