@@ -151,7 +151,8 @@ class Pipeline:
         if failure:
             verdict, stage, reason = failure
             details.update({k: cand[k] for k in ("traceback", "line", "type") if k in (cand or {})})
-            return Outcome(**base | dict(verdict=verdict, stage=stage, reason=_user_paths(reason, candidate_path)),
+            reason = reason.replace("candidate.py line", f"{candidate_path} line")
+            return Outcome(**base | dict(verdict=verdict, stage=stage, reason=reason),
                            environment=environment, details=details)
 
         # 3. The trusted comparison against a float64 reference.
@@ -226,10 +227,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return str(number)
-
-
-def _user_paths(reason: str, candidate_path: Path) -> str:
-    return reason.replace("candidate.py", str(candidate_path))
 
 
 def _timing_rows(task: Task, shapes: list[dict], baselines: dict, candidate: dict, device: str) -> list[dict]:

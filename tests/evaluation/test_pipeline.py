@@ -1,0 +1,49 @@
+"""Pipeline properties beyond single verdicts: NaN/Inf semantics, the torch.compile baseline, isolation, the suite."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import FIXTURES, REPO, candidate
+
+LOG_TASK = FIXTURES / "tasks" / "elementwise_log.py"
+
+
+def test_nan_and_inf_pass_only_where_the_reference_has_them(appliance):
+    code, result = appliance.eval_json(LOG_TASK, candidate("log_good"))
+    assert code == 0, result["reason"]
+    code, result = appliance.eval_json(LOG_TASK, candidate("log_hides_nan"))
+    assert code == 1 and result["verdict"] == "nan_inf", result["reason"]
+    assert "where the reference differs" in result["reason"]
+
+
+def test_torch_compile_baseline_is_timed_like_the_candidate(appliance, softmax_task):
+    result = appliance("eval", softmax_task, candidate("good"), "--json", "--device", "cpu",
+                       "--baselines", "eager,compile", "--timing-budget", "0.05")
+    data = __import__("json").loads(result.stdout)
+    assert result.exit_code == 0, data
+    main = {t["implementation"]: t for t in data["timings"] if t["shape"] == "main"}
+    assert set(main) == {"candidate", "eager", "compile"}
+    assert main["compile"]["error"] is None and main["compile"]["median_ms"] > 0
+    assert main["compile"]["device"] == main["candidate"]["device"] == "cpu"
+    assert data["speedup_vs_compile"] == pytest.approx(main["compile"]["median_ms"] / main["candidate"]["median_ms"])
+
+
+def test_candidate_sees_only_its_inputs(appliance, softmax_task, home):
+    code, result = appliance.eval_json(softmax_task, candidate("snoops"))
+    assert result["verdict"] == "runtime_error", result["reason"]
+    reason = result["reason"]
+    assert "SUSPICIOUS []" in reason, reason
+    # Its own file and the saved inputs are there; the task, its manifest and the database are not.
+    assert "candidate.py" in reason and "main-0.pt" in reason
+    assert (home / "appliance.db").exists()
+
+
+@pytest.mark.slow
+def test_every_bundled_baseline_passes_on_cpu(appliance):
+    failures = {}
+    for task in sorted((REPO / "benchmarks/tasks").glob("*.py")):
+        code, result = appliance.eval_json(task, REPO / "benchmarks/baselines" / task.name)
+        if code != 0:
+            failures[task.stem] = (result.get("verdict"), result.get("reason") or result.get("error"))
+    assert not failures, failures
