@@ -142,7 +142,8 @@ class Jail:
     def _env(self, workdir: Path) -> dict[str, str]:
         tmp = str(workdir / "tmp")
         env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            # The interpreter's bin dir first: ninja (load_inline) and console tools live beside python.
+            "PATH": ":".join([str(Path(sys.executable).parent), *_cuda_bin(), "/usr/local/bin:/usr/bin:/bin"]),
             "HOME": str(workdir),
             "TMPDIR": tmp,
             "TRITON_CACHE_DIR": f"{tmp}/triton",
@@ -176,6 +177,11 @@ def _python_paths() -> list[Path]:
     keep = [p for p in keep if not any(q != p and p.is_relative_to(q) for q in keep)]
     pkg_parent = Path(sandbox.__file__).resolve().parent.parent
     return sorted(p for p in keep if p != pkg_parent and not pkg_parent.is_relative_to(p))
+
+
+def _cuda_bin() -> list[str]:
+    home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    return [f"{home}/bin"] if os.path.isdir(f"{home}/bin") else []
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

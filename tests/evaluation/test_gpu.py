@@ -33,3 +33,15 @@ def test_bundled_baseline_full_size_on_gpu(appliance):
     code, result = appliance.eval_json(task, REPO / "benchmarks/baselines/softmax.py", device="cuda")
     assert code == 0, result
     assert result["mode"] == "full"
+
+
+@pytest.mark.parametrize("name", ["cuda_inline_softmax", "cupy_softmax"])
+def test_cuda_and_cupy_candidates_on_gpu(appliance, softmax_task, tmp_path, name):
+    task = tmp_path / "rowsoftmax.py"
+    task.write_text(softmax_task.read_text())
+    manifest = softmax_task.with_suffix(".toml").read_text().replace('backends = ["triton"]',
+                                                                      'backends = ["triton", "cuda", "cupy"]')
+    task.with_suffix(".toml").write_text(manifest)
+    code, result = appliance.eval_json(task, candidate(name), "--mode", "full", device="cuda")
+    assert code == 0, result["reason"]
+    assert result["device"] == "cuda" and result["jailed"] is True

@@ -60,3 +60,17 @@ def test_hanging_candidate_times_out_and_next_one_still_runs(appliance, softmax_
     assert "within 8 s" in result["reason"]
     code, result = appliance.eval_json(softmax_task, candidate("good"))
     assert code == 0 and result["verdict"] == "pass"
+
+
+@pytest.mark.slow
+def test_load_inline_candidate_builds_in_the_jail(appliance, softmax_task, tmp_path):
+    # The fixture task allows only Triton; a copy of it allows load_inline too (backend "cuda").
+    task = tmp_path / "rowsoftmax.py"
+    task.write_text(softmax_task.read_text())
+    manifest = softmax_task.with_suffix(".toml").read_text().replace('backends = ["triton"]', 'backends = ["cuda"]')
+    task.with_suffix(".toml").write_text(manifest)
+    code, result = appliance.eval_json(task, candidate("inline_cpp_softmax"))
+    assert code == 0, result["reason"]
+    code, result = appliance.eval_json(task, candidate("inline_cpp_compile_error"))
+    assert (result["verdict"], result["stage"]) == ("compile_error", "compile"), result["reason"]
+    assert "Error building extension" in result["reason"]
