@@ -8,6 +8,7 @@ with the task's file and line.
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,7 +190,10 @@ def _load_manifest(path: Path, text: str, sizes: dict[str, int]) -> Manifest:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise TaskError(where, f"invalid TOML: {e}", getattr(e, "lineno", None)) from None
+        # Python 3.11's error has no lineno attribute, only "(at line N, column M)" in its message.
+        found = re.search(r"at line (\d+)", str(e))
+        line = getattr(e, "lineno", None) or (int(found.group(1)) if found else None)
+        raise TaskError(where, f"invalid TOML: {e}", line) from None
     try:
         manifest = Manifest.model_validate(raw)
     except ValidationError as e:
@@ -217,12 +221,13 @@ def _load_manifest(path: Path, text: str, sizes: dict[str, int]) -> Manifest:
 
 
 def _line_of(text: str, loc: Any) -> int | None:
-    """Best-effort line of the first TOML line mentioning the last string key of a validation path."""
+    """Best-effort line where the last string key of a validation path is assigned (`key =` or `[key]`)."""
     keys = [p for p in loc if isinstance(p, str)]
     if not keys:
         return None
+    pattern = re.compile(rf"(^|[{{,\s.\[]){re.escape(keys[-1])}\s*(=|\])")
     for i, line in enumerate(text.splitlines(), 1):
-        if keys[-1] in line:
+        if pattern.search(line.split("#", 1)[0]):
             return i
     return None
 
@@ -251,4 +256,7 @@ def _eval_size_expr(expr: str, sizes: dict[str, int], where: str) -> float:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError:
         raise TaskError(where, f"expression {expr!r} is not valid arithmetic") from None
-    return float(ev(tree))
+    try:
+        return float(ev(tree))
+    except (ArithmeticError, ValueError) as e:  # division by zero, overflow
+        raise TaskError(where, f"expression {expr!r} at sizes {sizes}: {e}") from None

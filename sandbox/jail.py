@@ -64,9 +64,10 @@ class Jail:
         """Raise JailUnavailable with a fix hint unless bubblewrap works here."""
         if self.unsafe_no_jail:
             return
-        if not self.bwrap:
+        if not self.bwrap or not os.access(self.bwrap, os.X_OK):
             raise JailUnavailable(
-                "bubblewrap (bwrap) not found: candidates cannot be jailed. Install it "
+                f"bubblewrap (bwrap) not found{f' at {self.bwrap}' if self.bwrap else ''}: candidates cannot be "
+                "jailed. Install it "
                 "(Debian/Ubuntu: apt-get install bubblewrap) or set APPLIANCE_BWRAP to its path. "
                 "For development only, --unsafe-no-jail runs candidates unjailed."
             )

@@ -239,11 +239,6 @@ def test_no_bubblewrap_on_path_exits_3_with_install_hint(appliance, monkeypatch,
                            "--unsafe-no-jail")
 
 
-@pytest.mark.xfail(
-    strict=True, raises=FileNotFoundError,
-    reason="sandbox/jail.py Jail.check: an APPLIANCE_BWRAP path that does not exist is run by subprocess.run "
-           "unguarded; FileNotFoundError escapes the CLI (traceback, exit 1) instead of JailUnavailable -> exit 3",
-)
 def test_bwrap_env_pointing_nowhere_exits_3(appliance, monkeypatch):
     monkeypatch.setenv("APPLIANCE_BWRAP", "/nonexistent/bwrap")
     assert_no_jail_refusal(appliance, "bubblewrap", "/nonexistent/bwrap", "apt-get install bubblewrap")

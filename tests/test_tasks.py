@@ -213,11 +213,6 @@ def test_size_key_that_is_not_a_module_size(tmp_path, manifest, label, line):
     assert "batch_size" in text and "dim" in text  # the known sizes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tasks.py _line_of: the line of an unknown size key is the first line containing the key as a "
-           "substring, so a description mentioning the word points at line 1 instead of the sizes line",
-)
 def test_unknown_size_key_line_ignores_other_mentions_of_the_word(tmp_path):
     manifest = 'description = "Softmax over rows"\n\n[small]\nsizes = { batch_size = 2, rows = 3 }\n'
     err = load_error(write_task(tmp_path, manifest=manifest))
@@ -257,11 +252,6 @@ def test_bad_work_expression(tmp_path, key, expr, words):
         assert word in str(err)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=ZeroDivisionError,
-    reason="tasks.py _eval_size_expr: ZeroDivisionError from a flops/bytes expression escapes load_task "
-           "instead of becoming a TaskError (the CLI then crashes with a traceback and exit code 1)",
-)
 def test_work_expression_dividing_by_zero_is_a_task_error(tmp_path):
     err = load_error(write_task(tmp_path, manifest='flops = "batch_size / (dim - dim)"\n'))
     assert "flops" in str(err) or "batch_size / (dim - dim)" in str(err)
