@@ -70,6 +70,8 @@ def eval_(
     timeout: Annotated[float, typer.Option(help="Wall-clock limit for the candidate process, seconds.")] = 600.0,
     timing_budget: Annotated[float, typer.Option(help="Seconds of timed calls per shape and implementation.")] = 1.0,
     keep_job_dir: Annotated[bool, typer.Option(help="Keep the job directory (inputs, outputs, logs) for debugging.")] = False,
+    memory_limit: Annotated[float, typer.Option(help="Memory limit per jailed process, GiB (cgroup).")] = 32.0,
+    pids_limit: Annotated[int, typer.Option(help="Processes + threads limit per jailed process tree (cgroup).")] = 1024,
     unsafe_no_jail: Annotated[bool, typer.Option(
         "--unsafe-no-jail", help="DEVELOPMENT ONLY: run the candidate WITHOUT the jail (env APPLIANCE_UNSAFE_NO_JAIL=1). "
                                  "Every verdict is marked unjailed.")] = False,
@@ -87,7 +89,8 @@ def eval_(
     try:
         t = load_task(task)
         dev = resolve_device(device)
-        jail = Jail(unsafe_no_jail=unsafe, gpu=(gpu or 0) if dev == "cuda" else None)
+        jail = Jail(unsafe_no_jail=unsafe, gpu=(gpu or 0) if dev == "cuda" else None,
+                    memory_bytes=int(memory_limit * 2**30), pids_max=pids_limit)
         settings = EvalSettings(device=dev, mode=mode, baselines=names, timing_budget_s=timing_budget,
                                 candidate_timeout_s=timeout, jobs_dir=s.jobs_dir, keep_job_dir=keep_job_dir)
         if unsafe:

@@ -1,13 +1,14 @@
 """Run one harness process in a bubblewrap jail; fail closed when the jail cannot be built.
 
-What this first version enforces: own network namespace (only `lo`), own PID/IPC/UTS namespaces, an
-unprivileged user with no capabilities, a read-only minimal view of the system (system dirs, the Python
-installation, the harness package) plus the job's own directories, a private /tmp, only the assigned GPU's
-device node, a cleared environment, rlimits, and a wall-clock timeout that kills the whole tree.
-(The seccomp filter and cgroup limits come with the sandbox issue.)
+Enforced: own network namespace (only `lo`) and a seccomp filter (sandbox/seccomp.py) that also refuses IP and
+netlink sockets; own PID/IPC/UTS namespaces; an unprivileged user with no capabilities and no new privileges;
+a read-only minimal view of the system (system dirs, the Python installation, the harness package) plus the
+job's own directories, a private /tmp and private caches; only the assigned GPU's device nodes; a cleared
+environment; a memory and a process limit (sandbox/cgroup.py, where the host has cgroups); rlimits on CPU time,
+file size, open files and core dumps; captured output capped; a wall-clock timeout that kills the whole tree.
 
-`unsafe_no_jail=True` runs the same command as a plain subprocess, for development on hosts without
-bubblewrap; callers must mark every result produced that way.
+`unsafe_no_jail=True` runs the same command as a plain subprocess (limits still apply), for development on
+hosts without bubblewrap; callers must mark every result produced that way.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import sandbox
+from sandbox.cgroup import CgroupUnavailable, JobCgroup
+from sandbox.seccomp import SeccompUnavailable, bpf_file
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/sys", "/opt/nvidia")
-OUTPUT_TAIL = 20_000
+OUTPUT_TAIL = 64 << 10  # bytes of stdout/stderr kept per process; the rest is counted and dropped
 
 
 class JailUnavailable(RuntimeError):
@@ -41,6 +45,9 @@ class JailResult:
     stdout: str
     stderr: str
     jailed: bool
+    output_bytes: int = 0  # stdout + stderr produced, kept or not
+    limit_events: dict = field(default_factory=dict)  # {"oom_kill": n, "pids_max": n} from the job's cgroup
+    limits: dict = field(default_factory=dict)  # what was enforced, for the record
 
     @property
     def signal(self) -> int | None:
@@ -58,7 +65,11 @@ class Jail:
     unsafe_no_jail: bool = False
     gpu: int | None = None  # the evaluation GPU this worker owns; None on CPU hosts
     bwrap: str | None = field(default_factory=lambda: os.environ.get("APPLIANCE_BWRAP") or shutil.which("bwrap"))
+    memory_bytes: int = 32 << 30
+    pids_max: int = 1024
     max_file_bytes: int = 16 << 30
+    open_files: int = 4096
+    use_cgroups: bool = True  # where the host has them; `limits` in each result says whether they applied
 
     def check(self) -> None:
         """Raise JailUnavailable with a fix hint unless bubblewrap works here."""
@@ -71,7 +82,15 @@ class Jail:
                 "(Debian/Ubuntu: apt-get install bubblewrap) or set APPLIANCE_BWRAP to its path. "
                 "For development only, --unsafe-no-jail runs candidates unjailed."
             )
-        probe = subprocess.run([self.bwrap, *self._base_args(), "--", "/bin/true"], capture_output=True, text=True)
+        try:
+            seccomp_fd = bpf_file()
+        except SeccompUnavailable as e:
+            raise JailUnavailable(str(e)) from None
+        try:
+            probe = subprocess.run([self.bwrap, *self._base_args(), "--seccomp", str(seccomp_fd), "--", "/bin/true"],
+                                   capture_output=True, text=True, pass_fds=(seccomp_fd,))
+        finally:
+            os.close(seccomp_fd)
         if probe.returncode != 0:
             raise JailUnavailable(
                 f"bubblewrap at {self.bwrap} cannot create the jail: {probe.stderr.strip()[:500]}. It needs user "
@@ -80,36 +99,79 @@ class Jail:
             )
 
     def run(self, argv: list[str], *, workdir: Path, ro: list[Path] = (), rw: list[Path] = (),
-            env: dict[str, str] | None = None, timeout_s: float = 600.0, log_dir: Path | None = None) -> JailResult:
+            env: dict[str, str] | None = None, timeout_s: float = 600.0) -> JailResult:
         """Run argv with `workdir` (writable, also HOME/TMPDIR/caches), `rw` writable and `ro` read-only paths."""
         workdir = Path(workdir)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
         full_env = self._env(workdir) | (env or {})
+        limits = {"cpu_seconds": self._cpu_seconds(timeout_s), "file_bytes": self.max_file_bytes,
+                  "open_files": self.open_files, "wall_seconds": timeout_s, "output_kept_bytes": OUTPUT_TAIL}
+        cgroup = self._cgroup(limits)
+        pass_fds: tuple[int, ...] = ()
         if self.unsafe_no_jail:
             cmd = argv
         else:
             self.check()
-            cmd = [self.bwrap, *self._base_args(), *self._bind_args(workdir, ro, rw), "--chdir", str(workdir),
+            seccomp_fd = bpf_file()
+            pass_fds = (seccomp_fd,)
+            cmd = [self.bwrap, *self._base_args(), "--seccomp", str(seccomp_fd),
+                   *self._bind_args(workdir, ro, rw), "--chdir", str(workdir),
                    "--clearenv", *[a for k, v in full_env.items() for a in ("--setenv", k, v)], "--", *argv]
-        log_dir = Path(log_dir or workdir)
-        out_path, err_path = log_dir / "stdout.log", log_dir / "stderr.log"
+            limits["seccomp"] = True
         start = time.monotonic()
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        try:
             proc = subprocess.Popen(cmd, cwd=workdir, env=full_env if self.unsafe_no_jail else None,
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    start_new_session=True, preexec_fn=self._limits)
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                # bwrap is the PID-namespace init: killing its group takes down every descendant, setsid or not.
-                _kill_group(proc)
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, pass_fds=pass_fds,
+                                    preexec_fn=lambda: self._in_child(cgroup, limits["cpu_seconds"]))
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
+        out, err = _Drain(proc.stdout), _Drain(proc.stderr)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            # bwrap is the PID-namespace init: killing its group takes down every descendant, setsid or not;
+            # the cgroup catches whatever escaped (unsafe mode, or a process that outlived its namespace).
+            _kill_group(proc)
+            if cgroup:
+                cgroup.kill_all()
+        out.join(), err.join()
+        events = cgroup.events() if cgroup else {}
+        if cgroup:
+            cgroup.remove()
         return JailResult(
             returncode=proc.returncode, timed_out=timed_out, wall_s=time.monotonic() - start,
-            stdout=_tail(out_path), stderr=_tail(err_path), jailed=not self.unsafe_no_jail,
+            stdout=out.text(), stderr=err.text(), jailed=not self.unsafe_no_jail,
+            output_bytes=out.total + err.total, limit_events=events, limits=limits,
         )
+
+    def _cgroup(self, limits: dict) -> JobCgroup | None:
+        if not self.use_cgroups:
+            return None
+        try:
+            cgroup = JobCgroup.create(self.memory_bytes, self.pids_max)
+        except CgroupUnavailable as e:
+            limits["cgroup"] = f"unavailable: {e}"
+            return None
+        limits.update(memory_bytes=self.memory_bytes, pids_max=self.pids_max, cgroup=f"v{cgroup.version}")
+        return cgroup
+
+    def _cpu_seconds(self, timeout_s: float) -> int:
+        # A backstop behind the wall clock: every core busy for the whole timeout, plus start-up.
+        return int(timeout_s * (os.cpu_count() or 1) + 60)
+
+    def _in_child(self, cgroup: JobCgroup | None, cpu_seconds: int) -> None:
+        """Between fork and exec: join the job's cgroup first, then lower the rlimits (bwrap drops the user)."""
+        if cgroup:
+            cgroup.join()
+        _lower(resource.RLIMIT_CORE, 0)
+        _lower(resource.RLIMIT_FSIZE, self.max_file_bytes)
+        _lower(resource.RLIMIT_NOFILE, self.open_files)
+        _lower(resource.RLIMIT_CPU, cpu_seconds)
 
     def _base_args(self) -> list[str]:
         args = ["--unshare-all", "--die-with-parent", "--new-session",
@@ -161,11 +223,6 @@ class Jail:
                 env[key] = os.environ[key]
         return env
 
-    def _limits(self) -> None:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-        cap = self.max_file_bytes if hard == resource.RLIM_INFINITY else min(self.max_file_bytes, hard)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
 
 
 def _python_paths() -> list[Path]:
@@ -193,9 +250,32 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _tail(path: Path) -> str:
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - OUTPUT_TAIL))
-        return f.read().decode(errors="replace")
+def _lower(limit: int, value: int) -> None:
+    """Set soft and hard limit to `value`, never above the current hard limit (we cannot raise it)."""
+    _, hard = resource.getrlimit(limit)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(limit, (value, value))
+
+
+class _Drain:
+    """Reads a pipe to the end on a thread, keeping only the last OUTPUT_TAIL bytes: a flood costs no memory."""
+
+    def __init__(self, pipe):
+        self.pipe, self.total, self.kept = pipe, 0, bytearray()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while chunk := self.pipe.read1(1 << 16):
+            self.total += len(chunk)
+            self.kept += chunk
+            if len(self.kept) > 2 * OUTPUT_TAIL:
+                del self.kept[:-OUTPUT_TAIL]
+        self.pipe.close()
+
+    def join(self) -> None:
+        self.thread.join(timeout=5)
+
+    def text(self) -> str:
+        return bytes(self.kept[-OUTPUT_TAIL:]).decode(errors="replace")

@@ -143,9 +143,10 @@ class Pipeline:
         spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
         run = self.jail.run([_python(), "-m", "sandbox.harness.candidate", str(spec_path)],
                             workdir=dirs["candidate"], ro=[dirs["inputs"]], rw=[dirs["outputs"]],
-                            timeout_s=s.candidate_timeout_s, log_dir=job)
+                            timeout_s=s.candidate_timeout_s)
         cand = _read_result(dirs["candidate"] / "result.json")
         details["candidate_stderr"] = run.stderr[-4000:]
+        details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
         details["wall_s"]["candidate"] = round(run.wall_s, 2)
         failure = _candidate_failure(run, cand, s.candidate_timeout_s)
         if failure:
@@ -208,8 +209,23 @@ def _read_result(path: Path) -> dict | None:
 
 def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> tuple[str, str, str] | None:
     stage = (result or {}).get("stage", "load")
+    events, limits = run.limit_events, run.limits
+    # A limit that bit explains whatever came after it (a MemoryError, a failed fork, a killed process).
+    if events.get("oom_kill"):
+        return "memory_limit", stage, (f"the candidate exceeded its memory limit of "
+                                       f"{limits.get('memory_bytes', 0) / 2**30:.3g} GiB and was killed")
+    if events.get("pids_max") and (run.returncode != 0 or (result or {}).get("status") != "ok"):
+        return "process_limit", stage, (f"the candidate hit its limit of {limits.get('pids_max')} processes/threads "
+                                        f"({events['pids_max']} forks refused)")
     if run.timed_out:
         return "timeout", stage, f"the candidate did not finish within {timeout:.0f} s (wall clock); killed"
+    if run.signal == signal.SIGSYS:
+        return "sandbox_violation", stage, ("the candidate made a forbidden system call and was killed by the "
+                                            "jail's seccomp filter (SIGSYS)")
+    if run.signal == signal.SIGXCPU:
+        return "timeout", stage, f"the candidate used up its CPU-time limit of {limits.get('cpu_seconds')} s"
+    if run.signal == signal.SIGXFSZ:
+        return "crashed", stage, f"the candidate wrote a file larger than {limits.get('file_bytes', 0) >> 20} MiB"
     if result is None or result.get("status") == "running" or run.returncode != 0:
         if run.signal:
             how = f"was killed by signal {_signal_name(run.signal)}"

@@ -8,6 +8,7 @@ tensors for the trusted check process; failures are written as data with the sta
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 import traceback
@@ -34,10 +35,23 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _refused_by_jail(exc: BaseException | None) -> bool:
+    """EPERM/EACCES/EROFS: the jail said no (seccomp, read-only or invisible-to-us paths). Honest kernels never
+    need anything that ends this way."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _failure(exc: BaseException, stage: str, what: str, path: str) -> CandidateFailure:
     info = error_info(exc, path)
     where = f"candidate.py line {info['line']}" if info["line"] else "candidate"
     short = info["type"].rsplit(".", 1)[-1]
+    if _refused_by_jail(exc):
+        return CandidateFailure("sandbox_violation", stage, f"the jail refused an operation {what} ({where}): "
+                                f"{short}: {info['message'][:600]}", info)
     if isinstance(exc, SyntaxError):
         return CandidateFailure("load_error", "load", f"syntax error in {where}: {exc.msg}", info)
     if is_compile_error(exc):

@@ -1,0 +1,140 @@
+"""Per-job cgroups: a memory limit (RLIMIT_AS breaks CUDA) and a process limit (RLIMIT_NPROC does not bind root),
+plus a reliable kill of everything the job started. cgroup v1 (memory + pids hierarchies) or v2 (unified).
+
+Each job's cgroup is a child of the cgroup the worker itself runs in (under systemd: the unit's delegated
+cgroup), so no host-wide setup is needed beyond write access there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+
+
+class CgroupUnavailable(RuntimeError):
+    pass
+
+
+@dataclass
+class JobCgroup:
+    dirs: dict[str, Path]  # controller ("memory", "pids") -> cgroup dir; both the same dir on v2
+    version: int
+
+    @classmethod
+    def create(cls, memory_bytes: int, pids_max: int) -> JobCgroup:
+        name = f"appliance-{uuid.uuid4().hex[:12]}"
+        version, parents = _parents()
+        dirs = {}
+        try:
+            for ctrl, parent in parents.items():
+                d = parent / name
+                d.mkdir(exist_ok=True)
+                dirs[ctrl] = d
+            mem = dirs["memory"]
+            if version == 1:
+                (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                _try_write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))  # no swapping around the limit
+            else:
+                (mem / "memory.max").write_text(str(memory_bytes))
+                _try_write(mem / "memory.swap.max", "0")
+            (dirs["pids"] / "pids.max").write_text(str(pids_max))
+        except OSError as e:
+            cls(dirs, version).remove()
+            raise CgroupUnavailable(f"cannot create a job cgroup: {e}") from None
+        return cls(dirs, version)
+
+    def join(self) -> None:
+        """Move the calling process in (called in the child between fork and exec)."""
+        for d in set(self.dirs.values()):
+            (d / "cgroup.procs").write_text(str(os.getpid()))
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the job, including ones that left the session or the process group."""
+        if self.version == 2 and (self.dirs["pids"] / "cgroup.kill").exists():
+            _try_write(self.dirs["pids"] / "cgroup.kill", "1")
+        for _ in range(100):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.dirs["pids"] / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def events(self) -> dict[str, int]:
+        """How often the limits bit: oom_kill (memory) and pids_max (fork refused)."""
+        out = {"oom_kill": 0, "pids_max": 0}
+        mem = self.dirs["memory"] / ("memory.oom_control" if self.version == 1 else "memory.events")
+        out["oom_kill"] = _field(mem, "oom_kill")
+        out["pids_max"] = _field(self.dirs["pids"] / "pids.events", "max")
+        return out
+
+    def remove(self) -> None:
+        for d in set(self.dirs.values()):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # still busy for a moment after the last process died
+                    time.sleep(0.02)
+
+
+def _parents() -> tuple[int, dict[str, Path]]:
+    """The worker's own cgroup per controller, v1 preferred when its memory and pids hierarchies are mounted."""
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        for c in ctrls.split(",") if ctrls else [""]:
+            own[c] = path.lstrip("/")
+    if (ROOT / "memory").is_dir() and (ROOT / "pids").is_dir() and "memory" in own and "pids" in own:
+        return 1, {c: ROOT / c / own[c] for c in ("memory", "pids")}
+    unified = ROOT / "unified" if (ROOT / "unified").is_dir() else ROOT
+    base = unified / own.get("", "")
+    controllers = (base / "cgroup.controllers").read_text().split() if (base / "cgroup.controllers").exists() else []
+    if {"memory", "pids"} <= set(controllers):
+        return 2, {"memory": base, "pids": base}
+    raise CgroupUnavailable(f"no writable memory+pids cgroup controllers (v1 under {ROOT}, or v2 with memory and "
+                            "pids delegated); under systemd give the worker unit Delegate=yes")
+
+
+def probe() -> str:
+    """A human-readable description of what cgroups provide here; raises CgroupUnavailable."""
+    cg = JobCgroup.create(1 << 30, 64)
+    try:
+        return f"cgroup v{cg.version}: memory and pids limits under {cg.dirs['memory'].parent}"
+    finally:
+        cg.remove()
+
+
+def _field(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _try_write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError:
+        pass
