@@ -270,6 +270,31 @@ def show(
         _print_timings(data["timings"], ev.device)
 
 
+@app.command()
+def doctor(as_json: JsonFlag = False) -> None:
+    """Check what this host provides for jailed evaluation (bwrap, seccomp, cgroups, GPU, database).
+
+    Exits 3 when candidates cannot be jailed or evaluated here."""
+    from appliance import doctor as checks
+
+    results = checks.run_checks(state.settings.db_url)
+    report = checks.as_json(results)
+    if as_json:
+        print(json.dumps(report))
+    else:
+        table = Table(title="appliance doctor")
+        for col in ("check", "status", "detail", "fix"):
+            table.add_column(col)
+        for c in results:
+            status = "[green]ok[/]" if c.ok else ("[red]FAIL[/]" if c.required else "[yellow]warn[/]")
+            table.add_row(c.name, status, c.detail, c.fix)
+        out.print(table)
+        out.print("The jail enforces:")
+        for line in checks.enforced():
+            out.print(f"  - {line}")
+    raise typer.Exit(0 if report["ok"] else 3)
+
+
 def _x(value: float | None) -> str:
     return f"{value:.2f}x" if value else "-"
 

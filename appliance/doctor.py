@@ -1,0 +1,126 @@
+"""`appliance doctor`: what this host provides for jailed evaluation, and what is missing with how to fix it."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True  # a failed required check means candidates cannot be evaluated here
+
+
+def run_checks(db_url: str) -> list[Check]:
+    return [_bwrap(), _seccomp(), _jail(), _cgroups(), _userns(), _torch(), _gpu(), _database(db_url)]
+
+
+def enforced() -> list[str]:
+    """What the jail enforces on every candidate (see sandbox/jail.py)."""
+    return [
+        "network: own namespace (only lo) + seccomp refuses non-AF_UNIX sockets",
+        "filesystem: read-only system dirs and Python install; private job dir, /tmp, HOME and caches; "
+        "task, database, other jobs and the host's home invisible",
+        "processes: own PID/IPC/UTS namespaces, uid 65534, no capabilities, no new privileges",
+        "seccomp: kills ptrace, process_vm_*, bpf, module loading; refuses mount, unshare/setns, namespace clones, "
+        "keyrings, io_uring, perf_event_open",
+        "limits: memory and processes (cgroup), CPU time, file size, open files, output kept, wall clock "
+        "(whole tree killed)",
+        "GPU: only the assigned evaluation GPU's device node and CUDA_VISIBLE_DEVICES",
+    ]
+
+
+def _bwrap() -> Check:
+    from sandbox.jail import Jail
+
+    path = Jail().bwrap
+    if not path or not os.access(path, os.X_OK):
+        return Check("bubblewrap", False, "bwrap not found", "apt-get install bubblewrap (or set APPLIANCE_BWRAP)")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.strip()
+    return Check("bubblewrap", True, f"{path} ({version})")
+
+
+def _seccomp() -> Check:
+    from sandbox.seccomp import SeccompUnavailable, bpf_file
+
+    try:
+        os.close(bpf_file())
+    except SeccompUnavailable as e:
+        return Check("seccomp", False, str(e), "apt-get install libseccomp2; pip install pyseccomp")
+    return Check("seccomp", True, "libseccomp filter compiles (pyseccomp)")
+
+
+def _jail() -> Check:
+    from sandbox.jail import Jail, JailUnavailable
+
+    try:
+        Jail().check()
+    except JailUnavailable as e:
+        return Check("jail", False, str(e), "see the message; `appliance eval --unsafe-no-jail` is for development only")
+    return Check("jail", True, "a test process ran inside bwrap with the seccomp filter")
+
+
+def _cgroups() -> Check:
+    from sandbox.cgroup import CgroupUnavailable, probe
+
+    try:
+        return Check("cgroups", True, probe(), required=False)
+    except (CgroupUnavailable, OSError) as e:
+        return Check("cgroups", False, f"{e}; memory and process limits fall back to none (rlimits still apply)",
+                     "run the worker as root, or under systemd with Delegate=yes", required=False)
+
+
+def _userns() -> Check:
+    path = Path("/proc/sys/user/max_user_namespaces")
+    value = path.read_text().strip() if path.exists() else "unknown"
+    ok = value != "0"
+    return Check("user namespaces", ok, f"max_user_namespaces={value}", "" if ok else
+                 "sysctl user.max_user_namespaces=15000")
+
+
+def _torch() -> Check:
+    try:
+        import torch
+        import triton
+    except ImportError as e:
+        return Check("torch/triton", False, str(e), "pip install torch triton (from the wheelhouse offline)")
+    return Check("torch/triton", True, f"torch {torch.__version__}, triton {triton.__version__}, "
+                                       f"Python {platform.python_version()}")
+
+
+def _gpu() -> Check:
+    nodes = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+    if not nodes:
+        return Check("GPU", True, "no NVIDIA GPU device nodes: evaluations run on the CPU (Triton interpreter), "
+                                  "timings labelled CPU", required=False)
+    driver = Path("/proc/driver/nvidia/version")
+    text = driver.read_text().splitlines()[0] if driver.exists() else "driver version unknown"
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return Check("GPU", cuda, f"{', '.join(nodes)}; {text.strip()}; torch sees CUDA: {cuda}",
+                 "" if cuda else "install a CUDA build of torch matching the driver", required=False)
+
+
+def _database(url: str) -> Check:
+    from appliance.db.store import Store, schema_version
+
+    try:
+        store = Store.open(url)
+        version = schema_version(store.engine)
+        store.close()
+    except Exception as e:  # noqa: BLE001 - any failure here is the finding
+        return Check("database", False, f"{url}: {e}", "check --db / APPLIANCE_DB_URL and write permissions")
+    return Check("database", True, f"{url} (schema {version})")
+
+
+def as_json(checks: list[Check]) -> dict:
+    return {"ok": all(c.ok or not c.required for c in checks), "checks": [asdict(c) for c in checks],
+            "enforced": enforced()}

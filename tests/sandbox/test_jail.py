@@ -1,0 +1,100 @@
+"""The jail itself (sandbox/jail.py), probed from inside with small Python programs: real bwrap, seccomp, cgroups."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from sandbox.jail import Jail, JailUnavailable
+
+PROBE = r"""
+import json, os, socket
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    inet = "allowed"
+except OSError as e:
+    inet = e.strerror
+interfaces = [l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:]]
+open("/tmp/jail-probe-file", "w").write("x")
+try:
+    open("/usr/pwned", "w")
+    usr = "writable"
+except OSError as e:
+    usr = e.strerror
+print(json.dumps({
+    "uid": os.getuid(), "pid": os.getpid(), "nnp": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+    "capeff": status["CapEff"].strip(), "inet": inet, "interfaces": interfaces, "usr": usr,
+    "secret": os.environ.get("APPLIANCE_TEST_SECRET"), "home": os.environ["HOME"], "procs": len([p for p in os.listdir("/proc") if p.isdigit()]),
+}))
+"""
+
+
+def run(jail: Jail, code: str, tmp_path, timeout: float = 60):
+    return jail.run([sys.executable, "-c", code], workdir=tmp_path / "work", timeout_s=timeout)
+
+
+def test_process_is_unprivileged_isolated_and_filtered(tmp_path, monkeypatch):
+    monkeypatch.setenv("APPLIANCE_TEST_SECRET", "hunter2")
+    result = run(Jail(), PROBE, tmp_path)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["uid"] == 65534 and seen["capeff"] == "0000000000000000"
+    assert seen["nnp"] == "1" and seen["seccomp"] == "2"  # no new privileges; seccomp filter mode
+    assert seen["inet"] == "Operation not permitted"
+    assert seen["interfaces"] == ["lo"]
+    assert seen["usr"] in ("Read-only file system", "Permission denied")
+    assert seen["secret"] is None  # the environment is cleared
+    assert seen["home"] == str(tmp_path / "work")
+    assert seen["procs"] <= 3  # own PID namespace: bwrap's init, python
+    assert not (tmp_path / "jail-probe-file").exists()
+    assert result.limits["seccomp"] and result.limits["cgroup"] == "v1"
+
+
+def test_timeout_kills_the_whole_tree_including_setsid_grandchildren(tmp_path):
+    marker = f"{uuid.uuid4().int % 10**6 + 10**6}"
+    code = (f"import subprocess, time; subprocess.Popen(['sleep', '{marker}'], start_new_session=True); "
+            "time.sleep(600)")
+    result = run(Jail(), code, tmp_path, timeout=3)
+    assert result.timed_out
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout
+    assert left == ""
+
+
+def test_cgroup_limits_bite_and_are_reported(tmp_path):
+    bomb = "chunks = []\nwhile True:\n    chunks.append(bytearray(64 << 20))"
+    result = run(Jail(memory_bytes=256 << 20), bomb, tmp_path)
+    assert result.returncode != 0 and result.limit_events["oom_kill"] >= 1
+    forks = ("import os, time\nfor _ in range(200):\n    try:\n        if os.fork() == 0:\n            time.sleep(30)\n"
+             "    except BlockingIOError:\n        raise SystemExit(7)")
+    result = run(Jail(pids_max=20), forks, tmp_path)
+    assert result.returncode == 7 and result.limit_events["pids_max"] >= 1
+
+
+def test_output_flood_is_counted_but_not_kept(tmp_path):
+    result = run(Jail(), "import sys\nfor _ in range(160):\n    sys.stdout.write('y' * 65536)", tmp_path)
+    assert result.returncode == 0
+    assert result.output_bytes == 160 * 65536
+    assert len(result.stdout) <= 64 << 10
+
+
+def test_fails_closed_without_bubblewrap(tmp_path):
+    jail = Jail(bwrap="/nonexistent/bwrap")
+    with pytest.raises(JailUnavailable, match="apt-get install bubblewrap"):
+        jail.run([sys.executable, "-c", "print('ran')"], workdir=tmp_path / "work")
+
+
+def test_fails_closed_without_seccomp(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # as if the package were not installed
+    with pytest.raises(JailUnavailable, match="libseccomp"):
+        Jail().check()
+
+
+def test_unsafe_mode_runs_unjailed_and_says_so(tmp_path):
+    result = run(Jail(unsafe_no_jail=True), "import os; print(os.getuid())", tmp_path)
+    assert result.returncode == 0 and result.jailed is False
+    assert result.stdout.strip() == "0"  # really not jailed: still root
