@@ -84,6 +84,7 @@ class Pipeline:
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
         s = self.settings
+        self.wall_s = {}
         device = resolve_device(s.device)
         mode = s.mode or ("full" if device == "cuda" else "small")
         try:
@@ -147,7 +148,7 @@ class Pipeline:
         cand = _read_result(dirs["candidate"] / "result.json")
         details["candidate_stderr"] = run.stderr[-4000:]
         details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
-        details["wall_s"]["candidate"] = round(run.wall_s, 2)
+        self.wall_s["candidate"] = details["wall_s"]["candidate"] = round(run.wall_s, 2)
         failure = _candidate_failure(run, cand, s.candidate_timeout_s)
         if failure:
             verdict, stage, reason = failure
