@@ -120,7 +120,8 @@ class Jail:
             limits["seccomp"] = True
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(cmd, cwd=workdir, env=full_env if self.unsafe_no_jail else None,
+            # bwrap gets the cleared environment too: it is PID 1 inside, and /proc/1/environ is readable there.
+            proc = subprocess.Popen(cmd, cwd=workdir, env=full_env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, pass_fds=pass_fds,
                                     preexec_fn=lambda: self._in_child(cgroup, limits["cpu_seconds"]))

@@ -12,9 +12,11 @@ broken task (TaskError) or a broken host (InfrastructureError) raises.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +159,11 @@ class Pipeline:
             return Outcome(**base | dict(verdict=verdict, stage=stage, reason=reason),
                            environment=environment, details=details)
 
+        tampered = _outputs_tampered(dirs["outputs"])
+        if tampered:
+            return Outcome(**base | dict(verdict="tampering", stage="correctness", reason=tampered),
+                           environment=environment, details=details)
+
         # 3. The trusted comparison against a float64 reference.
         checked = self._harness("reference", ["check"],
                                 task_spec | {"prepared_shapes": prepared["shapes"], "tolerances": task.tolerances()},
@@ -201,15 +208,65 @@ def _python() -> str:
     return sys.executable
 
 
+MAX_RESULT_BYTES = 4 << 20
+# What the candidate harness may report. Anything else in its result file was written by the candidate.
+HARNESS_FAILURES = {"load_error", "compile_error", "runtime_error", "wrong_output", "input_mutated", "tampering",
+                    "sandbox_violation"}
+
+
 def _read_result(path: Path) -> dict | None:
+    """A result file's JSON object, or None. The candidate can write in its directory: never follow a link,
+    never block on a FIFO, never read more than a few MiB."""
     try:
-        return json.loads(path.read_text())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RESULT_BYTES:
+            return None
+        data = json.loads(os.read(fd, MAX_RESULT_BYTES))
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else None
+
+
+def _malformed(result: dict) -> str | None:
+    """Why a candidate result cannot have come from the harness, or None when it is well-formed."""
+    status = result.get("status")
+    if status == "running":
+        return None if result.get("stage") in STAGES else "an unknown stage"
+    if status == "failed":
+        if result.get("verdict") not in HARNESS_FAILURES:
+            return f"verdict {str(result.get('verdict'))[:40]!r}, which the harness never reports"
+        if result.get("stage") not in STAGES[:-1] or not isinstance(result.get("reason"), str):
+            return "a failure without a valid stage and reason"
+        return None
+    if status == "ok":
+        timings = result.get("timings")
+        if not isinstance(timings, dict) or not all(
+                isinstance(t, dict) and isinstance(t.get("median_ms"), (int, float)) and t["median_ms"] > 0
+                for t in timings.values()):
+            return "timings that are not positive numbers"
+        return None
+    return f"status {str(status)[:40]!r}"
+
+
+def _outputs_tampered(outputs: Path) -> str | None:
+    """The outputs directory may hold only regular files the harness writes (no links, FIFOs, devices)."""
+    for entry in os.scandir(outputs):
+        if not entry.is_file(follow_symlinks=False) or not entry.name.endswith(".pt"):
+            return f"the candidate left {entry.name!r} in its outputs, which is not a regular .pt file"
+    return None
 
 
 def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> tuple[str, str, str] | None:
-    stage = (result or {}).get("stage", "load")
+    if result is not None and _malformed(result):
+        why = _malformed(result)
+        return "tampering", "correctness", f"the candidate's result record was not written by the harness: {why}"
+    stage = result.get("stage", "load") if result else "load"
     events, limits = run.limit_events, run.limits
     # A limit that bit explains whatever came after it (a MemoryError, a failed fork, a killed process).
     if events.get("oom_kill"):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, error_info, is_compile_error, load_module, prepare_device,
                                     to_device, write_result)
+from sandbox.harness.integrity import Watch, mutated, snapshot, subclass_outputs
+from sandbox.harness.timing import time_calls
 
 
 class CandidateFailure(Exception):
@@ -66,9 +68,19 @@ def _progress(spec: dict, stage: str) -> None:
     write_result(spec["result"], {"status": "running", "stage": stage})
 
 
+def _check_untampered(watch: Watch, stage: str, when: str) -> None:
+    changed = watch.changed()
+    if changed:
+        raise CandidateFailure("tampering", stage, f"the candidate replaced {', '.join(changed)} {when}: timers, "
+                               "synchronisation, comparison, serialisation and the harness must not be patched")
+
+
 def run(spec: dict) -> dict:
     path = spec["candidate_file"]
     _progress(spec, "load")
+    import torch  # noqa: F401 - before the candidate, so the watch records torch's own functions
+
+    watch = Watch()
     try:
         module = load_module(path, "candidate")
     except BaseException as exc:  # noqa: BLE001 - SystemExit from the candidate is a load failure too
@@ -76,10 +88,7 @@ def run(spec: dict) -> dict:
     model_cls = getattr(module, "ModelNew", None)
     if model_cls is None or not isinstance(model_cls, type):
         raise CandidateFailure("load_error", "load", "candidate defines no class ModelNew (KernelBench convention)")
-
-    import torch
-
-    from sandbox.harness.timing import time_calls
+    _check_untampered(watch, "load", "while importing")
 
     device = spec["device"]
     dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
@@ -99,25 +108,43 @@ def run(spec: dict) -> dict:
             except BaseException as exc:  # noqa: BLE001
                 raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
             args = to_device(saved["args"], device, shape["layout"])
+            before = snapshot(args)
+            where = f"at shape {shape['name']}, seed {seed}"
             try:
                 with torch.no_grad():
                     result = model(*args)
                 sync()  # kernel faults surface here, attributed to this call
             except BaseException as exc:  # noqa: BLE001
-                raise _failure(exc, "correctness", f"in forward at shape {shape['name']}, seed {seed}", path) from None
+                raise _failure(exc, "correctness", f"in forward {where}", path) from None
+            _check_untampered(watch, "correctness", f"in forward {where}")
             outs = as_outputs(result)
             if outs is None:
                 raise CandidateFailure("wrong_output", "correctness",
-                                       f"forward returned {type(result).__name__}, expected tensor(s), "
-                                       f"at shape {shape['name']}, seed {seed}")
+                                       f"forward returned {type(result).__name__}, expected tensor(s), {where}")
+            if subclass_outputs(outs):
+                raise CandidateFailure("wrong_output", "correctness",
+                                       f"forward returned a tensor subclass ({', '.join(subclass_outputs(outs))}) "
+                                       f"{where}: only plain torch.Tensor outputs are accepted")
+            changed = mutated(args, before)
+            if changed:
+                raise CandidateFailure("input_mutated", "correctness",
+                                       f"forward modified input(s) {changed} in place {where}")
+            del before
             torch.save([o.detach().cpu().clone() for o in outs], Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
             input_sets.append(args)
-            timed_model = timed_model or model
+            timed_model = timed_model or model  # the first seed's model times every input set
         _progress(spec, "timing")
         try:
-            timings[shape["name"]] = time_calls(timed_model, input_sets, device, budget_s=spec["timing_budget_s"])
+            timings[shape["name"]], spot = time_calls(timed_model, input_sets, device,
+                                                      budget_s=spec["timing_budget_s"])
         except BaseException as exc:  # noqa: BLE001
             raise _failure(exc, "timing", f"while timing shape {shape['name']}", path) from None
+        _check_untampered(watch, "timing", f"while timing shape {shape['name']}")
+        # One random timed call's output, for the trusted check (which rebuilds its inputs from set and rolls).
+        spot_outs = as_outputs(spot["outs"]) or []
+        torch.save({"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"],
+                    "outs": [o.cpu() for o in spot_outs if isinstance(o, torch.Tensor)]},
+                   Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
     return {"status": "ok", "timings": timings}
 
 

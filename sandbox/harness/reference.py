@@ -161,7 +161,7 @@ def _time_baselines(spec: dict, names: list[str], model, input_sets: list, devic
     for name in names:
         try:
             fn = model if name == "eager" else torch.compile(model)
-            out[name] = time_calls(fn, input_sets, device, budget_s=spec["timing_budget_s"])
+            out[name], _ = time_calls(fn, input_sets, device, budget_s=spec["timing_budget_s"])
         except Exception as exc:  # noqa: BLE001 - e.g. no C++ compiler for inductor on this host
             out[name] = {"error": f"{type(exc).__name__}: {str(exc).strip()[:500]}"}
         if device == "cuda":
@@ -203,7 +203,50 @@ def check(spec: dict) -> dict:
             else:
                 failure = compare_outputs(outs, refs, expected[shape["name"]], spec["tolerances"], where)
             cases.append({"shape": shape["name"], "seed": seed, **(failure or {"kind": "pass", "reason": ""})})
+        cases.append(_check_timed_call(spec, task, shape, expected[shape["name"]], device, dtype))
     return {"status": "ok", "cases": cases}
+
+
+def _check_timed_call(spec: dict, task, shape: dict, expected: list, device: str, dtype) -> dict:
+    """The output of one random timed call, against the reference for the exact (rolled) inputs it was given."""
+    import torch
+
+    from sandbox.harness.compare import compare_outputs
+
+    case = {"shape": shape["name"], "seed": "timed"}
+    try:
+        spot = torch.load(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt", weights_only=True,
+                          map_location=device)
+        seed, rolls, outs = spot["seed"], spot["rolls"], spot["outs"]
+        if seed not in spec["seeds"] or not isinstance(rolls, int) or rolls < 1:
+            raise ValueError(f"implausible record (seed {seed!r}, rolls {rolls!r})")
+        if not isinstance(outs, list) or not all(isinstance(o, torch.Tensor) for o in outs):
+            raise ValueError("outputs are not a list of tensors")
+    except Exception as exc:  # noqa: BLE001 - written by untrusted code: anything may be wrong with it
+        return case | {"kind": "timed_output_mismatch",
+                       "reason": f"no usable record of a timed call at shape {shape['name']}: {exc}"}
+    where = f"in a timed call at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed} rolled {rolls}"
+    saved = torch.load(_input_path(spec, shape["name"], seed), weights_only=True, map_location=device)
+    for name, value in shape["sizes"].items():
+        setattr(task, name, value)
+    args = []
+    for a in to_device(saved["args"], device, shape["layout"]):
+        if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[-1] > 1:
+            a = torch.roll(a, rolls, dims=-1)  # what the timing loop did, one step per call (timing.roll_inputs)
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            a = a.to(torch.float64)
+        args.append(a)
+    # Timing uses one model for every input set: the one built under the first seed (see candidate.run).
+    first = spec["seeds"][0]
+    init = torch.load(_input_path(spec, shape["name"], first), weights_only=True, map_location=device)["init"]
+    model = _build_model(spec, task, init, first, device, dtype).to(torch.float64)
+    with torch.no_grad():
+        refs = as_outputs(_task_call("float64 reference", spec, model, *args))
+    failure = compare_outputs(outs, refs, expected, spec["tolerances"], where)
+    if failure:
+        failure = {"kind": "timed_output_mismatch", "reason": f"{failure['kind']}: {failure['reason']} (the "
+                   "outputs of timed calls must be as correct as those of the correctness calls)"}
+    return case | (failure or {"kind": "pass", "reason": ""})
 
 
 def _sizes_text(sizes: dict) -> str:

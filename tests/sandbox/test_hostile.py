@@ -1,0 +1,360 @@
+"""Hostile candidates (tests/fixtures/hostile) through the whole `appliance eval`: real bubblewrap jail, seccomp,
+cgroups, Triton's interpreter on the CPU.
+
+Each test checks three things: the verdict and a reason that says what happened; that the damage did not happen,
+looked at from outside the jail; and that the worker survives (an honest candidate still passes afterwards, in the
+same test where the hostile one went after shared resources, and once more at the end of the module).
+Fixtures that need host values (a port, a path, a marker) carry "__KEY__" string literals that `hostile()` fills in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+
+import pytest
+
+import sandbox
+from tests.conftest import FIXTURES, REPO, candidate
+
+HOSTILE = FIXTURES / "hostile"
+
+
+def hostile(name: str, tmp_path: Path, **values) -> Path:
+    """The hostile candidate `name`, written to tmp_path with each "__KEY__" literal replaced by repr(value)."""
+    source = (HOSTILE / f"{name}.py").read_text()
+    for key, value in values.items():
+        literal = f'"__{key.upper()}__"'
+        assert literal in source, f"{name}.py has no {literal} to fill in"
+        source = source.replace(literal, repr(value))
+    assert '"__' not in source.replace('"__main__"', ""), f"{name}.py has a placeholder the test did not fill"
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return path
+
+
+def processes_with(marker: str) -> list[str]:
+    """Host processes (other than this one) whose command line contains `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile
+            continue
+        if marker in cmdline:
+            found.append(f"pid {entry.name}: {cmdline[:200]}")
+    return found
+
+
+def stored(appliance, evaluation_id: int) -> str:
+    """`appliance show ID --json`: the evaluation as the database holds it."""
+    shown = appliance("show", evaluation_id, "--json")
+    assert shown.exit_code == 0, shown.output
+    return shown.stdout
+
+
+def honest_still_passes(appliance, task: Path) -> None:
+    code, result = appliance.eval_json(task, candidate("good"))
+    assert (code, result["verdict"]) == (0, "pass"), result["reason"]
+
+
+def unique_digits() -> str:
+    return str(secrets.randbelow(9 * 10**8) + 10**8)
+
+
+# --- network ---------------------------------------------------------------------------------------------------------
+
+
+class Listener:
+    """TCP and UDP on 127.0.0.1 (same port), outside the jail; records anything that arrives."""
+
+    def __init__(self):
+        self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.tcp.bind(("127.0.0.1", 0))
+        self.tcp.listen(8)
+        self.tcp.settimeout(0.2)
+        self.port = self.tcp.getsockname()[1]
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", self.port))
+        self.udp.settimeout(0.2)
+        self.received: list[str] = []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._accept, daemon=True),
+                        threading.Thread(target=self._datagrams, daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                conn, peer = self.tcp.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                try:
+                    data = conn.recv(4096)
+                except OSError:
+                    data = b""
+            self.received.append(f"tcp from {peer}: {data!r}")
+
+    def _datagrams(self):
+        while not self.stop.is_set():
+            try:
+                data, peer = self.udp.recvfrom(4096)
+            except OSError:
+                continue
+            self.received.append(f"udp from {peer}: {data!r}")
+
+    def close(self) -> list[str]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=5)
+        self.tcp.close(), self.udp.close()
+        return self.received
+
+
+def test_network_is_refused_and_nothing_reaches_the_host(appliance, softmax_task, tmp_path):
+    listener = Listener()
+    try:
+        code, result = appliance.eval_json(softmax_task, hostile("network", tmp_path, port=listener.port))
+    finally:
+        received = listener.close()
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("sandbox_violation", "correctness"), result["reason"]
+    reason = result["reason"]
+    assert "the jail refused an operation" in reason, reason
+    for attempt in ("'tcp4': 'EPERM'", "'tcp6': 'EPERM'", "'udp4': 'EPERM'", "'netlink': 'EPERM'"):
+        assert attempt in reason, reason
+    assert received == []
+    honest_still_passes(appliance, softmax_task)
+
+
+# --- secrets and files outside the job --------------------------------------------------------------------------------
+
+
+def test_planted_secrets_stay_out_of_reach_and_out_of_the_record(appliance, softmax_task, home, tmp_path):
+    token = f"tok-{secrets.token_hex(16)}"
+    secret = tmp_path / "secret.txt"
+    secret.write_text(f"api_key={token}\n")
+    # An honest evaluation first, whose candidate source carries the token: now the database holds it.
+    carrier = tmp_path / "good_with_token.py"
+    carrier.write_text(candidate("good").read_text() + f"\n# {token}\n")
+    code, result = appliance.eval_json(softmax_task, carrier)
+    assert code == 0, result["reason"]
+    db = home / "appliance.db"
+    assert any(token.encode() in f.read_bytes() for f in home.glob("appliance.db*"))  # the file or its WAL
+
+    code, result = appliance.eval_json(softmax_task, hostile("planted_secret", tmp_path, secret_path=str(secret),
+                                                             db_path=str(db)))
+    assert token not in json.dumps(result)
+    assert token not in stored(appliance, result["evaluation_id"])
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("runtime_error", "correctness"), result["reason"]
+    reason = result["reason"]
+    assert "nothing leaked" in reason, reason
+    # None of them exists inside the jail: not refused, simply not there.
+    for name in ("secret", "db", "db-wal"):
+        assert f"'{name}': 'FileNotFoundError" in reason, reason
+    assert secret.read_text() == f"api_key={token}\n"
+
+
+def test_worker_environment_stays_out_of_reach(appliance, softmax_task, monkeypatch):
+    token = f"tok-{secrets.token_hex(16)}"
+    monkeypatch.setenv("APPLIANCE_PLANTED_SECRET", token)
+    code, result = appliance.eval_json(softmax_task, HOSTILE / "reads_worker_environment.py")
+    assert token not in stored(appliance, result["evaluation_id"]), result["reason"][:300]
+    assert token not in json.dumps(result)
+    assert (result["verdict"], result["stage"]) == ("runtime_error", "correctness"), result["reason"]
+    assert "nothing leaked" in result["reason"], result["reason"]
+
+
+def write_targets(tmp_path: Path, home: Path, token: str) -> list[str]:
+    """Host paths a hostile candidate must not be able to create: persistence points and shared directories."""
+    return [
+        f"/var/tmp/pwned-{token}",
+        f"/tmp/../var/tmp/pwned2-{token}",
+        f"/etc/pwned-{token}",
+        f"/root/pwned-{token}",
+        f"/tmp/pwned-{token}",
+        f"/dev/shm/pwned-{token}",
+        str(Path(sysconfig.get_paths()["purelib"]) / f"pwned-{token}.pth"),  # run by every later Python start
+        str(Path(sandbox.__file__).resolve().parent / f"pwned_{token}.py"),  # the harness package
+        str(REPO / f"pwned-{token}"),
+        str(tmp_path / f"pwned-{token}"),
+        str(home / f"pwned-{token}"),
+        str(home / "jobs" / f"pwned-{token}"),  # beside the job's own directory
+    ]
+
+
+def test_writes_outside_the_job_leave_nothing_on_the_host(appliance, softmax_task, home, tmp_path):
+    token = secrets.token_hex(8)
+    targets = write_targets(tmp_path, home, token)
+    code, result = appliance.eval_json(softmax_task, hostile("writes_outside", tmp_path, targets=targets))
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("sandbox_violation", "correctness"), result["reason"]
+    reason = result["reason"]
+    assert "the jail refused an operation" in reason and "write attempts" in reason, reason
+    assert f"first refused: /etc/pwned-{token}: Read-only file system" in reason, reason
+    # What each attempt got, as the candidate saw it: the persistence points were refused, not just hidden.
+    attempts = json.loads(stored(appliance, result["evaluation_id"]))["details"]["candidate_stderr"]
+    for persistent in targets[6:8]:
+        assert f"'{persistent}': 'EROFS'" in attempts, attempts
+    created = [t for t in targets if os.path.lexists(t)]
+    assert created == []
+    assert list((home / "jobs").iterdir()) == []  # the job directory itself is gone too
+
+
+# --- processes --------------------------------------------------------------------------------------------------------
+
+
+def test_fork_bomb_hits_the_process_limit_and_leaves_no_process(appliance, softmax_task, tmp_path):
+    marker = f"86400.{unique_digits()}"  # what every child sleeps for: a valid argument, unique to this run
+    code, result = appliance.eval_json(softmax_task, hostile("fork_bomb", tmp_path, marker=marker),
+                                       "--pids-limit", "64")
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("process_limit", "correctness"), result["reason"]
+    assert "limit of 64 processes/threads" in result["reason"] and "forks refused" in result["reason"]
+    assert processes_with(marker) == []
+    honest_still_passes(appliance, softmax_task)
+
+
+def test_memory_bomb_hits_the_memory_limit(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, HOSTILE / "memory_bomb.py", "--memory-limit", "1.5")
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("memory_limit", "correctness"), result["reason"]
+    assert "memory limit of 1.5 GiB" in result["reason"] and "killed" in result["reason"]
+    honest_still_passes(appliance, softmax_task)
+
+
+def test_cpu_spin_times_out_on_the_wall_clock(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, HOSTILE / "spin.py", "--timeout", "6")
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("timeout", "correctness"), result["reason"]
+    assert "did not finish within 6 s" in result["reason"]
+    assert 6 <= result["wall_s"]["candidate"] < 16  # killed at the limit, not whenever it pleased
+    honest_still_passes(appliance, softmax_task)
+
+
+def test_setsid_grandchildren_do_not_outlive_the_evaluation(appliance, softmax_task, tmp_path):
+    digits = unique_digits()
+    path = hostile("setsid_grandchild", tmp_path, sleep_for=f"31337.{digits}", marker=f"hostile-31337.{digits}")
+    code, result = appliance.eval_json(softmax_task, path)
+    # Starting helpers is not itself a violation: the answer is right, and the jail ends them all.
+    assert (code, result["verdict"]) == (0, "pass"), result["reason"]
+    assert processes_with(f"31337.{digits}") == []
+    honest_still_passes(appliance, softmax_task)
+
+
+def test_ignored_sigterm_does_not_outlast_the_timeout(appliance, softmax_task, tmp_path):
+    marker = f"hostile-stubborn-{unique_digits()}"
+    code, result = appliance.eval_json(softmax_task, hostile("ignores_sigterm", tmp_path, marker=marker),
+                                       "--timeout", "6")
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("timeout", "correctness"), result["reason"]
+    assert "did not finish within 6 s" in result["reason"] and "killed" in result["reason"]
+    assert result["wall_s"]["candidate"] < 16
+    assert processes_with(marker) == []
+    honest_still_passes(appliance, softmax_task)
+
+
+# --- verdicts from the harness and the kernel -------------------------------------------------------------------------
+
+# name -> (verdict, stage, words the reason must contain)
+KILLED_OR_REJECTED = {
+    "ptrace": ("sandbox_violation", "correctness", ["seccomp", "SIGSYS", "forbidden system call"]),
+    "segfault": ("crashed", "correctness", ["killed by signal SIGSEGV"]),
+    "fake_result_lines": ("wrong_output", "correctness", ["max abs err", "> tol", "seed 0"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KILLED_OR_REJECTED))
+def test_hostile_candidate_gets_specific_verdict(appliance, softmax_task, name):
+    verdict, stage, words = KILLED_OR_REJECTED[name]
+    code, result = appliance.eval_json(softmax_task, HOSTILE / f"{name}.py")
+    assert code == 1, result
+    assert (result["verdict"], result["stage"]) == (verdict, stage), result["reason"]
+    for word in words:
+        assert word in result["reason"], result["reason"]
+    assert result["timings"] == [] and result["speedup_vs_eager"] is None
+    assert json.loads(stored(appliance, result["evaluation_id"]))["verdict"] == verdict
+
+
+# --- state across jobs, output ----------------------------------------------------------------------------------------
+
+
+def test_nothing_carries_over_from_one_job_to_the_next(appliance, softmax_task, home, tmp_path):
+    token = secrets.token_hex(8)
+    path = hostile("cache_across_jobs", tmp_path, token=token)
+    for attempt in ("first", "second"):
+        code, result = appliance.eval_json(softmax_task, path)
+        # The second run raises "FOUND CACHE at ..." if anything the first one wrote is still visible.
+        assert (code, result["verdict"]) == (0, "pass"), f"{attempt} run: {result['reason']}"
+    name = f"hostile-softmax-cache-{token}"
+    left = [p for p in (Path("/tmp") / name, Path("/dev/shm") / name, Path("/var/tmp") / name, Path.home() / name,
+                        Path.home() / ".cache" / name, Path.home() / ".triton/cache" / name) if p.exists()]
+    left += [str(p) for p in tmp_path.rglob(name)]
+    assert left == []
+    assert list((home / "jobs").iterdir()) == []
+
+
+def test_output_flood_is_survived_and_stored_capped(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, HOSTILE / "output_flood.py")
+    assert (code, result["verdict"]) == (0, "pass"), result["reason"]
+    shown = stored(appliance, result["evaluation_id"])
+    details = json.loads(shown)["details"]
+    assert details["jail"]["output_bytes"] >= 208 << 20  # all of it was read (and counted) ...
+    assert shown.count("FLOOD") * 64 <= 64 << 10  # ... but at most 64 KiB of it kept
+    assert len(shown) < 128 << 10
+
+
+# --- the result file: the harness writes it inside the candidate's own (writable) work directory -------------------
+
+
+def test_forged_result_file_does_not_pass(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, HOSTILE / "forged_result.py")
+    assert result["verdict"] != "pass" and code == 1, result
+
+
+def test_malformed_result_file_is_a_verdict_not_a_controller_crash(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, HOSTILE / "malformed_result.py")
+    assert code == 1 and result["verdict"] in ("crashed", "runtime_error", "sandbox_violation"), result
+
+
+def test_fifo_result_file_does_not_hang_the_worker(home, softmax_task):
+    # Run as a subprocess: a hang must fail the test, not the whole session.
+    cmd = [sys.executable, "-m", "appliance", "eval", str(softmax_task), str(HOSTILE / "fifo_result.py"), "--json",
+           "--device", "cpu", "--baselines", "eager", "--timing-budget", "0.05"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=REPO,
+                              env=os.environ | {"APPLIANCE_HOME": str(home)})
+    except subprocess.TimeoutExpired:
+        raise AssertionError("appliance eval still running 30 s after starting: the worker hangs") from None
+    result = json.loads(done.stdout)
+    assert done.returncode == 1 and result["verdict"] in ("crashed", "sandbox_violation"), result
+
+
+def test_symlinked_result_file_is_not_read_on_the_host(appliance, softmax_task, tmp_path):
+    token = f"tok-{secrets.token_hex(16)}"
+    host_file = tmp_path / "host.json"  # invisible inside the jail: only the host can resolve the link
+    host_file.write_text(json.dumps({"status": "failed", "verdict": "runtime_error", "stage": "load",
+                                     "reason": f"read on the host: {token}"}))
+    code, result = appliance.eval_json(softmax_task, hostile("symlink_result", tmp_path, target=str(host_file)))
+    assert token not in json.dumps(result), result["reason"]
+    assert code == 1 and result["verdict"] in ("crashed", "sandbox_violation"), result
+
+
+# --- and after all of them --------------------------------------------------------------------------------------------
+
+
+def test_honest_candidate_still_passes_after_the_hostile_ones(appliance, softmax_task):
+    honest_still_passes(appliance, softmax_task)
