@@ -69,6 +69,7 @@ class Jail:
     pids_max: int = 1024
     max_file_bytes: int = 16 << 30
     open_files: int = 4096
+    scratch_bytes: int = 4 << 30  # size of each private tmpfs (/tmp, /dev/shm, the job's tmp/ with its caches)
     use_cgroups: bool = True  # where the host has them; `limits` in each result says whether they applied
 
     def check(self) -> None:
@@ -179,7 +180,8 @@ class Jail:
                 "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
         for d in SYSTEM_DIRS:
             args += ["--ro-bind-try", d, d]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+        size = ["--size", str(self.scratch_bytes)]  # tmpfs pages also count against the job's memory cgroup
+        args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", *size, "--tmpfs", "/dev/shm"]
         for path in _python_paths():
             args += ["--ro-bind", str(path), str(path)]
         pkg = Path(sandbox.__file__).resolve().parent
@@ -194,9 +196,9 @@ class Jail:
         nodes += glob.glob("/dev/nvidia-caps/*")
         return [a for n in nodes if os.path.exists(n) for a in ("--dev-bind", n, n)]
 
-    @staticmethod
-    def _bind_args(workdir: Path, ro, rw) -> list[str]:
-        args = ["--bind", str(workdir), str(workdir)]
+    def _bind_args(self, workdir: Path, ro, rw) -> list[str]:
+        # The job's scratch (TMPDIR, compiler caches) is a size-capped tmpfs: no filling the host's disk from there.
+        args = ["--bind", str(workdir), str(workdir), "--size", str(self.scratch_bytes), "--tmpfs", str(workdir / "tmp")]
         for p in rw:
             args += ["--bind", str(p), str(p)]
         for p in ro:

@@ -159,6 +159,11 @@ class Pipeline:
             return Outcome(**base | dict(verdict=verdict, stage=stage, reason=reason),
                            environment=environment, details=details)
 
+        details["provenance"] = cand.get("provenance", {})
+        fallback = _library_fallback(cand.get("provenance"), prepared["shapes"][0].get("ops", []))
+        if fallback:
+            return Outcome(**base | dict(verdict="library_fallback", stage="correctness", reason=fallback),
+                           environment=environment, details=details)
         tampered = _outputs_tampered(dirs["outputs"])
         if tampered:
             return Outcome(**base | dict(verdict="tampering", stage="correctness", reason=tampered),
@@ -252,6 +257,23 @@ def _malformed(result: dict) -> str | None:
             return "timings that are not positive numbers"
         return None
     return f"status {str(status)[:40]!r}"
+
+
+def _library_fallback(provenance: dict | None, reference_ops: list[str]) -> str | None:
+    """A finding, not a speedup: no kernel of the candidate's own, or the reference's library ops called anyway."""
+    from sandbox.harness.provenance import compute_ops
+
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("ops"), list):
+        return "the candidate harness reported no record of what forward ran"
+    used = compute_ops(provenance["ops"])
+    if not provenance.get("own_launches"):
+        library = f" (it only called library ops: {', '.join(sorted(used))})" if used else ""
+        return f"forward launched no kernel of its own (Triton, load_inline or CuPy){library}"
+    ref = compute_ops(reference_ops)
+    if ref and ref <= used:
+        return (f"forward calls the reference's own library ops ({', '.join(sorted(ref))}) beside its kernel: "
+                "a library fallback, not a speedup")
+    return None
 
 
 def _outputs_tampered(outputs: Path) -> str | None:

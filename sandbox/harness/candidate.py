@@ -17,6 +17,7 @@ from pathlib import Path
 from sandbox.harness.common import (as_outputs, error_info, is_compile_error, load_module, prepare_device,
                                     to_device, write_result)
 from sandbox.harness.integrity import Watch, mutated, snapshot, subclass_outputs
+from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.timing import time_calls
 
 
@@ -80,7 +81,10 @@ def run(spec: dict) -> dict:
     _progress(spec, "load")
     import torch  # noqa: F401 - before the candidate, so the watch records torch's own functions
 
+    launches = Launches()
+    launches.install()  # before the candidate is imported: its load_inline modules get counted too
     watch = Watch()
+    provenance: dict = {}
     try:
         module = load_module(path, "candidate")
     except BaseException as exc:  # noqa: BLE001 - SystemExit from the candidate is a load failure too
@@ -112,7 +116,13 @@ def run(spec: dict) -> dict:
             where = f"at shape {shape['name']}, seed {seed}"
             try:
                 with torch.no_grad():
-                    result = model(*args)
+                    if not provenance:  # the first call: which ATen ops and own kernels did it run?
+                        launches.active = True
+                        result, ops = record_ops(model, *args)
+                        launches.active = False
+                        provenance = {"ops": ops, "own_launches": launches.count}
+                    else:
+                        result = model(*args)
                 sync()  # kernel faults surface here, attributed to this call
             except BaseException as exc:  # noqa: BLE001
                 raise _failure(exc, "correctness", f"in forward {where}", path) from None
@@ -145,7 +155,7 @@ def run(spec: dict) -> dict:
         torch.save({"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"],
                     "outs": [o.cpu() for o in spot_outs if isinstance(o, torch.Tensor)]},
                    Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
-    return {"status": "ok", "timings": timings}
+    return {"status": "ok", "timings": timings, "provenance": provenance}
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, cast_floating, environment, error_info, load_module,
                                     prepare_device, to_device, write_result)
+from sandbox.harness.provenance import record_ops
 
 
 class TaskFault(Exception):
@@ -134,7 +135,8 @@ def prepare(spec: dict) -> dict:
             if model is None:
                 model = _build_model(spec, task, init, seed, device, dtype)
         with torch.no_grad():
-            result = _task_call(f"Model.forward at shape {shape['name']}", spec, model, *input_sets[0])
+            result, ops = _task_call(f"Model.forward at shape {shape['name']}", spec, record_ops, model,
+                                     *input_sets[0])
         outs = as_outputs(result)
         if outs is None:
             raise TaskFault("Model.forward", TypeError(f"returned {type(result).__name__}, not tensor(s)"),
@@ -143,6 +145,7 @@ def prepare(spec: dict) -> dict:
             "name": shape["name"],
             "input_shapes": [list(a.shape) for a in input_sets[0] if isinstance(a, torch.Tensor)],
             "outputs": [{"dtype": str(o.dtype).removeprefix("torch."), "shape": list(o.shape)} for o in outs],
+            "ops": ops,
         })
         # torch.compile recompiles for every new shape: time it on the main shape only, where speedups are quoted.
         names = spec["baselines"] if shape is spec["shapes"][0] else [b for b in spec["baselines"] if b != "compile"]

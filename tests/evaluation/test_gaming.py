@@ -20,6 +20,8 @@ CASES = {
     "lazy_subclass": ("wrong_output", "correctness", ["tensor subclass", "Lazy"]),
     "half_rows": ("wrong_output", "correctness", ["max abs err"]),
     "low_precision": ("wrong_output", "correctness", ["max abs err"]),
+    "fallback_token_kernel": ("library_fallback", "correctness", ["reference's own library ops", "_softmax"]),
+    "torch_composite": ("library_fallback", "correctness", ["no kernel of its own", "exp"]),
 }
 
 

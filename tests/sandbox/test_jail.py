@@ -98,3 +98,14 @@ def test_unsafe_mode_runs_unjailed_and_says_so(tmp_path):
     result = run(Jail(unsafe_no_jail=True), "import os; print(os.getuid())", tmp_path)
     assert result.returncode == 0 and result.jailed is False
     assert result.stdout.strip() == "0"  # really not jailed: still root
+
+
+def test_scratch_space_is_capped_so_the_host_disk_cannot_fill(tmp_path):
+    code = ("import os\nfor d in (os.environ['TMPDIR'], '/tmp', '/dev/shm'):\n    try:\n"
+            "        with open(os.path.join(d, 'fill'), 'wb') as f:\n            for _ in range(64):\n"
+            "                f.write(b'x' * (1 << 20))\n        print(d, 'filled')\n"
+            "    except OSError as e:\n        print(d, e.strerror)")
+    result = run(Jail(scratch_bytes=16 << 20), code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("No space left on device") == 3, result.stdout
+    assert not any((tmp_path / "work" / "tmp").iterdir())  # nothing of it on the host's disk
