@@ -25,3 +25,6 @@ if [ $skip_tests = 0 ]; then
   python3 -m pytest tests/evaluation/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.log" | tail -15
 fi
 python3 scripts/run_suite.py --out "$out/suite" ${only:+--only "$only"} 2>&1 | tee "$out/suite.log"
+if [ $skip_tests = 0 ]; then
+  python3 benchmarks/jail_overhead.py --device cuda --reps 3 2>&1 | tee "$out/jail-overhead.log" | tail -12
+fi

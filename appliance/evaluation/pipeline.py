@@ -12,6 +12,7 @@ broken task (TaskError) or a broken host (InfrastructureError) raises.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -164,7 +165,7 @@ class Pipeline:
         if fallback:
             return Outcome(**base | dict(verdict="library_fallback", stage="correctness", reason=fallback),
                            environment=environment, details=details)
-        tampered = _outputs_tampered(dirs["outputs"])
+        tampered = _outputs_tampered(dirs["outputs"], prepared["shapes"])
         if tampered:
             return Outcome(**base | dict(verdict="tampering", stage="correctness", reason=tampered),
                            environment=environment, details=details)
@@ -276,11 +277,20 @@ def _library_fallback(provenance: dict | None, reference_ops: list[str]) -> str 
     return None
 
 
-def _outputs_tampered(outputs: Path) -> str | None:
-    """The outputs directory may hold only regular files the harness writes (no links, FIFOs, devices)."""
+def _outputs_tampered(outputs: Path, shapes: list[dict]) -> str | None:
+    """The outputs directory may hold only regular files the harness writes (no links, FIFOs, devices), none
+    much larger than the outputs it should hold: the trusted check must not be the one that runs out of memory."""
+    sizes = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+    expected = {s["name"]: sum(math.prod(o["shape"]) * sizes.get(o["dtype"], 8) for o in s["outputs"])
+                for s in shapes}
     for entry in os.scandir(outputs):
         if not entry.is_file(follow_symlinks=False) or not entry.name.endswith(".pt"):
             return f"the candidate left {entry.name!r} in its outputs, which is not a regular .pt file"
+        shape = entry.name.removeprefix("timed-").rsplit("-", 1)[0] if not entry.name.startswith("timed-") \
+            else entry.name.removeprefix("timed-").removesuffix(".pt")
+        limit = 2 * expected.get(shape, 0) + (1 << 20)
+        if entry.stat(follow_symlinks=False).st_size > limit:
+            return f"the candidate's output file {entry.name!r} is larger than its outputs can be ({limit} bytes)"
     return None
 
 

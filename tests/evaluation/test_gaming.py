@@ -22,6 +22,7 @@ CASES = {
     "low_precision": ("wrong_output", "correctness", ["max abs err"]),
     "fallback_token_kernel": ("library_fallback", "correctness", ["reference's own library ops", "_softmax"]),
     "torch_composite": ("library_fallback", "correctness", ["no kernel of its own", "exp"]),
+    "stuffs_outputs": ("tampering", "correctness", ["junk.pt", "larger than its outputs can be"]),
 }
 
 

@@ -45,3 +45,19 @@ def test_cuda_and_cupy_candidates_on_gpu(appliance, softmax_task, tmp_path, name
     code, result = appliance.eval_json(task, candidate(name), "--mode", "full", device="cuda")
     assert code == 0, result["reason"]
     assert result["device"] == "cuda" and result["jailed"] is True
+
+
+def test_gpu_kernel_that_never_ends_is_killed_and_the_gpu_stays_usable(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, REPO / "tests/fixtures/gpu/spins_forever.py", "--timeout", "30",
+                                       "--mode", "full", device="cuda")
+    assert code == 1 and result["verdict"] == "timeout", result["reason"]
+    code, result = appliance.eval_json(softmax_task, candidate("good"), "--mode", "full", device="cuda")
+    assert code == 0, result["reason"]
+
+
+def test_jail_on_gpu_has_seccomp_and_cgroup_limits(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, candidate("good"), "--mode", "full", device="cuda")
+    assert code == 0, result["reason"]
+    shown = __import__("json").loads(appliance("show", str(result["evaluation_id"]), "--json").stdout)
+    limits = shown["details"]["jail"]["limits"]
+    assert limits["seccomp"] is True and "memory_bytes" in limits and "pids_max" in limits
