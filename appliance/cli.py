@@ -164,7 +164,7 @@ def _print_timings(timings: list[dict], device: str) -> None:
         c, e, k = (impls.get(n, {}) for n in ("candidate", "eager", "compile"))
 
         def ratio(base):
-            return f"{base['median_ms'] / c['median_ms']:.2f}x" if base.get("median_ms") and c.get("median_ms") else "-"
+            return f"{base['median_ms'] / c['median_ms']:.3g}x" if base.get("median_ms") and c.get("median_ms") else "-"
 
         table.add_row(shape, _ms(c.get("median_ms"), c.get("iqr_ms")), _ms(e.get("median_ms"), e.get("iqr_ms")),
                       _ms(k.get("median_ms"), k.get("iqr_ms")) if not k.get("error") else "failed",
@@ -296,7 +296,7 @@ def doctor(as_json: JsonFlag = False) -> None:
 
 
 def _x(value: float | None) -> str:
-    return f"{value:.2f}x" if value else "-"
+    return f"{value:.3g}x" if value else "-"
 
 
 def _asdict(row) -> dict:
