@@ -217,7 +217,7 @@ def _python() -> str:
 MAX_RESULT_BYTES = 4 << 20
 # What the candidate harness may report. Anything else in its result file was written by the candidate.
 HARNESS_FAILURES = {"load_error", "compile_error", "runtime_error", "wrong_output", "input_mutated", "tampering",
-                    "sandbox_violation"}
+                    "sandbox_violation", "deferred_work"}
 
 
 def _read_result(path: Path) -> dict | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, error_info, is_compile_error, load_module, prepare_device,
                                     to_device, write_result)
-from sandbox.harness.integrity import Watch, mutated, snapshot, subclass_outputs
+from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.timing import time_calls
 
@@ -123,14 +123,22 @@ def run(spec: dict) -> dict:
                         provenance = {"ops": ops, "own_launches": launches.count}
                     else:
                         result = model(*args)
+                outs = as_outputs(result)
+                # Snapshot on the current stream before any device-wide sync: work still running elsewhere
+                # (a side stream, a thread) after forward returned shows up as a difference later.
+                early = [o.detach().clone() for o in outs] if outs else None
                 sync()  # kernel faults surface here, attributed to this call
+                settle()
             except BaseException as exc:  # noqa: BLE001
                 raise _failure(exc, "correctness", f"in forward {where}", path) from None
             _check_untampered(watch, "correctness", f"in forward {where}")
-            outs = as_outputs(result)
             if outs is None:
                 raise CandidateFailure("wrong_output", "correctness",
                                        f"forward returned {type(result).__name__}, expected tensor(s), {where}")
+            if early is not None and mutated(outs, early):
+                raise CandidateFailure("deferred_work", "correctness",
+                                       f"the output changed after forward returned {where}: work left running on "
+                                       "another stream or thread is not part of the call (and not timed)")
             if subclass_outputs(outs):
                 raise CandidateFailure("wrong_output", "correctness",
                                        f"forward returned a tensor subclass ({', '.join(subclass_outputs(outs))}) "

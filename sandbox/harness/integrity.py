@@ -49,6 +49,11 @@ class Watch:
         return [name for name, fn in self.originals.items() if now[name] is not fn]
 
 
+def settle(seconds: float = 0.02) -> None:
+    """Give work the candidate left running on its own threads a moment to show itself."""
+    time.sleep(seconds)
+
+
 def snapshot(args: list) -> list:
     import torch
 

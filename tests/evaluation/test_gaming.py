@@ -23,6 +23,7 @@ CASES = {
     "fallback_token_kernel": ("library_fallback", "correctness", ["reference's own library ops", "_softmax"]),
     "torch_composite": ("library_fallback", "correctness", ["no kernel of its own", "exp"]),
     "stuffs_outputs": ("tampering", "correctness", ["junk.pt", "larger than its outputs can be"]),
+    "deferred_thread": ("deferred_work", "correctness", ["changed after forward returned"]),
 }
 
 
