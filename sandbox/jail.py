@@ -71,10 +71,11 @@ class Jail:
     open_files: int = 4096
     scratch_bytes: int = 4 << 30  # size of each private tmpfs (/tmp, /dev/shm, the job's tmp/ with its caches)
     use_cgroups: bool = True  # where the host has them; `limits` in each result says whether they applied
+    _checked: bool = field(default=False, init=False, repr=False)
 
     def check(self) -> None:
         """Raise JailUnavailable with a fix hint unless bubblewrap works here."""
-        if self.unsafe_no_jail:
+        if self.unsafe_no_jail or self._checked:
             return
         if not self.bwrap or not os.access(self.bwrap, os.X_OK):
             raise JailUnavailable(
@@ -98,6 +99,7 @@ class Jail:
                 "and network namespaces (check kernel.unprivileged_userns_clone / user.max_user_namespaces, "
                 "or run the worker as root)."
             )
+        self._checked = True
 
     def run(self, argv: list[str], *, workdir: Path, ro: list[Path] = (), rw: list[Path] = (),
             env: dict[str, str] | None = None, timeout_s: float = 600.0) -> JailResult:

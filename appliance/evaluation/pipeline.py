@@ -135,7 +135,7 @@ class Pipeline:
         task_spec = common | {"task_file": str(dirs["reference"] / "task.py"), "task_display": str(task.path)}
 
         # 1. Inputs and baselines, from the task's own code.
-        prepared = self._harness("reference", ["prepare"], task_spec | {"baselines": list(s.baselines)},
+        prepared = self._harness(["prepare"], task_spec | {"baselines": list(s.baselines)},
                                  workdir=dirs["reference"], rw=[dirs["inputs"]], timeout=s.reference_timeout_s,
                                  task=task)
         environment = prepared["environment"]
@@ -171,7 +171,7 @@ class Pipeline:
                            environment=environment, details=details)
 
         # 3. The trusted comparison against a float64 reference.
-        checked = self._harness("reference", ["check"],
+        checked = self._harness(["check"],
                                 task_spec | {"prepared_shapes": prepared["shapes"], "tolerances": task.tolerances()},
                                 workdir=dirs["check"], ro=[dirs["reference"], dirs["inputs"], dirs["outputs"]],
                                 timeout=s.reference_timeout_s, task=task)
@@ -188,13 +188,13 @@ class Pipeline:
                        speedup_vs_eager=_speedup(main, "eager"), speedup_vs_compile=_speedup(main, "compile"),
                        environment=environment, details=details)
 
-    def _harness(self, module: str, args: list[str], spec: dict, *, workdir: Path, timeout: float, task: Task,
+    def _harness(self, args: list[str], spec: dict, *, workdir: Path, timeout: float, task: Task,
                  ro=(), rw=()) -> dict:
-        """Run a trusted harness command; a failure here is the task's fault or ours, never the candidate's."""
+        """Run a trusted reference-harness command; a failure here is the task's fault or ours, never the candidate's."""
         result_path = workdir / f"{args[0]}-result.json"
         spec_path = workdir / f"{args[0]}-spec.json"
         spec_path.write_text(json.dumps(spec | {"result": str(result_path)}))
-        run = self.jail.run([_python(), "-m", f"sandbox.harness.{module}", *args, str(spec_path)],
+        run = self.jail.run([_python(), "-m", "sandbox.harness.reference", *args, str(spec_path)],
                             workdir=workdir, ro=list(ro), rw=list(rw), timeout_s=timeout)
         self.wall_s[args[0]] = round(run.wall_s, 2)
         result = _read_result(result_path)
@@ -286,8 +286,8 @@ def _outputs_tampered(outputs: Path, shapes: list[dict]) -> str | None:
     for entry in os.scandir(outputs):
         if not entry.is_file(follow_symlinks=False) or not entry.name.endswith(".pt"):
             return f"the candidate left {entry.name!r} in its outputs, which is not a regular .pt file"
-        shape = entry.name.removeprefix("timed-").rsplit("-", 1)[0] if not entry.name.startswith("timed-") \
-            else entry.name.removeprefix("timed-").removesuffix(".pt")
+        stem = entry.name.removesuffix(".pt")  # "SHAPE-SEED" or "timed-SHAPE"
+        shape = stem.removeprefix("timed-") if stem.startswith("timed-") else stem.rsplit("-", 1)[0]
         limit = 2 * expected.get(shape, 0) + (1 << 20)
         if entry.stat(follow_symlinks=False).st_size > limit:
             return f"the candidate's output file {entry.name!r} is larger than its outputs can be ({limit} bytes)"
@@ -295,8 +295,8 @@ def _outputs_tampered(outputs: Path, shapes: list[dict]) -> str | None:
 
 
 def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> tuple[str, str, str] | None:
-    if result is not None and _malformed(result):
-        why = _malformed(result)
+    why = _malformed(result) if result is not None else None
+    if why:
         return "tampering", "correctness", f"the candidate's result record was not written by the harness: {why}"
     stage = result.get("stage", "load") if result else "load"
     events, limits = run.limit_events, run.limits

@@ -12,8 +12,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-DTYPES = {"float64": "float64", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-
 
 def prepare_device(device: str) -> None:
     """Must run before torch/triton are imported: on the CPU, Triton kernels run in its interpreter."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from sandbox.harness.common import (as_outputs, cast_floating, environment, error_info, load_module,
                                     prepare_device, to_device, write_result)
 from sandbox.harness.provenance import record_ops
+from sandbox.harness.timing import rollable
 
 
 class TaskFault(Exception):
@@ -118,8 +119,6 @@ def _input_path(spec: dict, shape: str, seed: int) -> Path:
 def prepare(spec: dict) -> dict:
     """Write every input set, record the eager outputs' dtypes/shapes, and time the baselines."""
     import torch
-
-    from sandbox.harness.timing import time_calls
 
     device, dtype = spec["device"], _dtype(spec)
     task = _load_task(spec)
@@ -234,7 +233,7 @@ def _check_timed_call(spec: dict, task, shape: dict, expected: list, device: str
         setattr(task, name, value)
     args = []
     for a in to_device(saved["args"], device, shape["layout"]):
-        if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[-1] > 1:
+        if rollable(a):
             a = torch.roll(a, rolls, dims=-1)  # what the timing loop did, one step per call (timing.roll_inputs)
         if isinstance(a, torch.Tensor) and a.is_floating_point():
             a = a.to(torch.float64)

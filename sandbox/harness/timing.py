@@ -17,12 +17,18 @@ import time
 from typing import Callable
 
 
+def rollable(a) -> bool:
+    import torch
+
+    return isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[-1] > 1
+
+
 def roll_inputs(args: list) -> None:
     """A permutation of every tensor input's values (same distribution, same pointers): roll(1, dims=-1)."""
     import torch
 
     for a in args:
-        if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[-1] > 1:
+        if rollable(a):
             a.copy_(torch.roll(a, 1, dims=-1))
 
 
@@ -70,7 +76,6 @@ def time_calls(
                 out = fn(*args)
                 events[i][1].record()
             else:
-                sync()
                 t0 = clock()
                 out = fn(*args)
                 samples.append((clock() - t0) * 1e3)
