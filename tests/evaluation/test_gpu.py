@@ -61,3 +61,26 @@ def test_jail_on_gpu_has_seccomp_and_cgroup_limits(appliance, softmax_task):
     shown = __import__("json").loads(appliance("show", str(result["evaluation_id"]), "--json").stdout)
     limits = shown["details"]["jail"]["limits"]
     assert limits["seccomp"] is True and "memory_bytes" in limits and "pids_max" in limits
+
+
+GPU_GAMING = {  # name -> (accepted verdicts, words in the reason)
+    "side_stream": ({"deferred_work", "timing_mismatch"}, []),
+    "allocator_reuse": ({"wrong_output", "timed_output_mismatch"}, []),
+    "patches_events": ({"tampering"}, ["torch.cuda.Event.elapsed_time"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_GAMING))
+def test_gpu_gaming_candidate_is_rejected(appliance, softmax_task, name):
+    verdicts, words = GPU_GAMING[name]
+    code, result = appliance.eval_json(softmax_task, REPO / f"tests/fixtures/gpu/{name}.py", "--mode", "full",
+                                       device="cuda")
+    assert code == 1 and result["verdict"] in verdicts, (result["verdict"], result["reason"])
+    for word in words:
+        assert word in result["reason"], result["reason"]
+
+
+def test_honest_candidate_on_its_own_stream_passes(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, REPO / "tests/fixtures/gpu/own_stream_honest.py", "--mode",
+                                       "full", device="cuda")
+    assert code == 0, result["reason"]

@@ -1,0 +1,1 @@
+"""Proposers: where new candidate sources come from (the LLM, the parameter tuner, a person)."""

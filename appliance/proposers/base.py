@@ -1,0 +1,41 @@
+"""What every proposer receives and returns. A proposer never raises for bad model output: it returns a Proposal
+with `failure` set, so the run records it and carries on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Example:
+    """A candidate shown to a proposer: its source and a short text of what the gate and the timer said about it."""
+
+    source: str
+    feedback: str = ""
+    label: str = ""  # e.g. "parent", "best", "diverse: cuda backend"
+
+
+@dataclass
+class PromptContext:
+    task_name: str
+    task_source: str
+    parent: Example
+    inspirations: list[Example] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)  # feedback lines of recent attempts (failures included)
+    backends: list[str] = field(default_factory=lambda: ["triton"])
+    device: str = "cuda"  # what the kernel will run on: "cuda (NVIDIA H200, sm_90)" or "cpu (Triton interpreter)"
+
+
+@dataclass
+class Proposal:
+    """One proposed candidate, or a recorded proposal failure (source None, failure says why)."""
+
+    source: str | None
+    proposer: str
+    failure: str | None = None
+    mode: str = ""  # "diff" | "rewrite" | "tune"
+    note: str = ""  # the proposer's own summary (LLM explanation, tuner parameters)
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_s: float = 0.0
+    raw: str = ""  # the model's full reply, kept for debugging proposal failures
