@@ -43,15 +43,36 @@ class Launches:
             pass
         try:
             import cupy
-
-            cupy.RawKernel.__call__ = self._counting(cupy.RawKernel.__call__)
         except ImportError:
-            pass
+            cupy = None
+        if cupy is not None:
+            self._install_cupy(cupy)  # Cython classes: counted through subclasses, see below
         import torch.utils.cpp_extension as ext
 
         for name in ("load_inline", "load"):
             original = getattr(ext, name)
             setattr(ext, name, self._wrapping_modules(original))
+
+    def _install_cupy(self, cupy) -> None:
+        """CuPy's kernel types are Cython classes (their methods cannot be patched): put counting subclasses in their
+        place. Kernels fetched from a RawModule are counted through the module's get_function."""
+        launches = self
+
+        class CountingRawKernel(cupy.RawKernel):
+            def __call__(self, *args, **kwargs):
+                launches.hit()
+                return super().__call__(*args, **kwargs)
+
+        class CountingRawModule(cupy.RawModule):
+            def get_function(self, name):
+                kernel = super().get_function(name)
+                return launches._counting(kernel)
+
+        for name, cls in (("RawKernel", CountingRawKernel), ("RawModule", CountingRawModule)):
+            setattr(cupy, name, cls)
+        for name in ("ElementwiseKernel", "ReductionKernel"):
+            base = getattr(cupy, name)
+            setattr(cupy, name, type(name, (base,), {"__call__": _counting_call(base, self)}))
 
     def _counting(self, fn):
         @functools.wraps(fn)
@@ -67,6 +88,14 @@ class Launches:
             return _CountingModule(build(*args, **kwargs), self)
 
         return wrapper
+
+
+def _counting_call(base, launches: Launches):
+    def __call__(self, *args, **kwargs):
+        launches.hit()
+        return base.__call__(self, *args, **kwargs)
+
+    return __call__
 
 
 class _CountingModule:

@@ -1,0 +1,183 @@
+"""The LLM proposer: asks an OpenAI-compatible server (vLLM on GPU 0) for new candidates.
+
+Each of the n proposals is its own chat-completion request, sent concurrently. Server trouble (down, hung, HTTP errors,
+empty replies) and unusable replies become Proposals with `failure` set, never exceptions: a run outlives its LLM
+server's restarts and records what went wrong."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+import openai
+
+from appliance.errors import ApplianceError
+from appliance.proposers import edits
+from appliance.proposers.base import Example, PromptContext, Proposal
+
+PROMPTS = Path(__file__).parent / "prompts"
+FIELDS = ("task_name", "task_source", "device", "backends", "parent_label", "parent_source", "parent_feedback",
+          "inspirations", "history")
+
+
+@dataclass
+class LLMSettings:
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = ""  # vLLM's --served-model-name
+    api_key: str = "EMPTY"  # vLLM checks it only when started with --api-key; the client insists on one
+    max_tokens: int = 4096
+    temperature: float = 0.8
+    timeout_s: float = 300.0  # per attempt; a CPU-served or busy model is slow
+    max_retries: int = 2  # the client retries timeouts, dropped connections, 408/409/429/5xx with backoff
+    concurrency: int = 4
+    templates_dir: Path | None = None  # None: the bundled prompts/
+    seed: int | None = None  # request i of the run gets seed + i: reproducible, yet n proposals differ
+
+
+class LLMProposer:
+    name = "llm"
+
+    def __init__(self, settings: LLMSettings):
+        self.settings = settings
+        self.client = _client(settings)
+        self.system, self.user = load_templates(settings.templates_dir)
+        self._requests = itertools.count()
+
+    def propose(self, ctx: PromptContext, n: int) -> list[Proposal]:
+        fields = prompt_fields(ctx)
+        messages = [{"role": "system", "content": self.system.substitute(fields)},
+                    {"role": "user", "content": self.user.substitute(fields)}]
+        seeds = [None if self.settings.seed is None else self.settings.seed + next(self._requests) for _ in range(n)]
+        with ThreadPoolExecutor(max_workers=max(1, min(self.settings.concurrency, n))) as pool:
+            return list(pool.map(lambda seed: self._one(ctx.parent.source, messages, seed), seeds))
+
+    def _one(self, parent_source: str, messages: list[dict], seed: int | None) -> Proposal:
+        s = self.settings
+        start = time.perf_counter()
+        try:
+            reply = self.client.chat.completions.create(model=s.model, messages=messages, max_tokens=s.max_tokens,
+                                                        temperature=s.temperature, seed=seed)
+        except openai.OpenAIError as e:
+            return Proposal(None, self.name, failure=describe_error(e, s), latency_s=time.perf_counter() - start)
+        latency = time.perf_counter() - start
+        usage = getattr(reply, "usage", None)
+        proposal = Proposal(None, self.name, latency_s=latency, tokens_in=getattr(usage, "prompt_tokens", 0) or 0,
+                            tokens_out=getattr(usage, "completion_tokens", 0) or 0)
+        choices = getattr(reply, "choices", None)  # a server can answer 200 with JSON that is no completion
+        if not choices:
+            proposal.failure = "llm_empty: the server answered without choices"
+            return proposal
+        text = choices[0].message.content or ""
+        proposal.raw = text
+        try:
+            proposal.source, proposal.mode = edits.apply_reply(parent_source, text)
+        except edits.EditError as e:
+            if choices[0].finish_reason == "length":  # the operator's fix differs: raise max_tokens
+                proposal.failure = f"llm_truncated: reply stopped at max_tokens={s.max_tokens}: {e}"
+            else:
+                proposal.failure = f"bad_reply: {e}"
+            return proposal
+        proposal.note = _summary(text)
+        return proposal
+
+
+def describe_error(e: openai.OpenAIError, s: LLMSettings) -> str:
+    tries = f"{s.max_retries + 1} attempt(s)"
+    if isinstance(e, openai.APITimeoutError):
+        return f"llm_timeout: no reply within {s.timeout_s:g} s from {s.base_url} ({tries})"
+    if isinstance(e, openai.APIConnectionError):
+        cause = e.__cause__ or e
+        return f"llm_unreachable: {s.base_url}: {type(cause).__name__}: {cause} ({tries}); is the vLLM server up?"
+    if isinstance(e, openai.APIStatusError):
+        kind = "llm_server_error" if e.status_code >= 500 else "llm_rejected"
+        return f"{kind}: HTTP {e.status_code} from {s.base_url}: {_short(e.message)}"
+    return f"llm_error: {type(e).__name__}: {_short(str(e))}"
+
+
+def load_templates(folder: Path | None = None) -> tuple[Template, Template]:
+    """The system and user prompt templates; a placeholder we do not fill is a configuration error, found here
+    rather than on the first request."""
+    folder = Path(folder) if folder else PROMPTS
+    templates = []
+    for name in ("system.md", "user.md"):
+        path = folder / name
+        template = Template(path.read_text())
+        try:
+            template.substitute({f: "" for f in FIELDS})
+        except (KeyError, ValueError) as e:
+            raise ApplianceError(f"{path}: unknown or malformed placeholder {e}; known: "
+                                 + ", ".join(f"${f}" for f in FIELDS)) from None
+        templates.append(template)
+    return templates[0], templates[1]
+
+
+def prompt_fields(ctx: PromptContext) -> dict[str, str]:
+    return {
+        "task_name": ctx.task_name,
+        "task_source": ctx.task_source.strip(),
+        "device": ctx.device,
+        "backends": ", ".join(ctx.backends),
+        "parent_label": ctx.parent.label or "parent",
+        "parent_source": ctx.parent.source.strip(),
+        "parent_feedback": ctx.parent.feedback.strip() or "(not evaluated yet)",
+        "inspirations": "\n\n".join(_example(i, ex) for i, ex in enumerate(ctx.inspirations, 1)) or "(none yet)",
+        "history": "\n".join(f"- {line}" for line in ctx.history) or "(none yet)",
+    }
+
+
+def _example(i: int, ex: Example) -> str:
+    title = f"### Inspiration {i}" + (f" ({ex.label})" if ex.label else "")
+    return f"{title}\n```python\n{ex.source.strip()}\n```\nEvaluator: {ex.feedback.strip() or '(no feedback)'}"
+
+
+def _summary(text: str) -> str:
+    """The model's explanation: what it wrote before its first edit block or code fence."""
+    cut = min((i for i in (text.find("<<<<<<<"), text.find("```")) if i >= 0), default=len(text))
+    return _short(text[:cut].strip(), 500)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _client(s: LLMSettings, max_retries: int | None = None) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s.base_url, api_key=s.api_key, timeout=s.timeout_s,
+                         max_retries=s.max_retries if max_retries is None else max_retries)
+
+
+def check_endpoint(s: LLMSettings) -> list[str]:
+    """What stops the proposer from working with these settings, each with how to fix it; empty when all is well."""
+    root = s.base_url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(f"{root}/health", timeout=min(s.timeout_s, 10)) as r:
+            r.read()
+    except OSError as e:  # URLError, HTTPError, refused, timeout
+        reason = getattr(e, "reason", None) or e
+        return [f"no vLLM server at {root} ({root}/health: {reason}): start it, or set the LLM base URL "
+                f"(now {s.base_url}) to where it listens"]
+    client = _client(s, max_retries=0)
+    try:
+        served = {m.id: m for m in client.models.list()}
+    except openai.OpenAIError as e:
+        return [f"{s.base_url}/models failed ({describe_error(e, s)}): the base URL of vLLM's OpenAI API ends in /v1"]
+    if s.model not in served:
+        return [f"model {s.model!r} is not served at {s.base_url} (served: {', '.join(served) or 'none'}): set the "
+                f"LLM model to one of those, or start vLLM with --served-model-name {s.model}"]
+    window = getattr(served[s.model], "max_model_len", None)  # a vLLM extra; prompt + reply must fit in it
+    if window and s.max_tokens > window // 2:
+        return [f"max_tokens={s.max_tokens} leaves too little of {s.model}'s {window}-token window for the prompt: "
+                f"lower the LLM max_tokens, or start vLLM with a larger --max-model-len"]
+    try:
+        reply = client.chat.completions.create(model=s.model, messages=[{"role": "user", "content": "Say OK."}],
+                                               max_tokens=1, temperature=0)
+    except openai.OpenAIError as e:
+        return [f"a 1-token chat completion failed ({describe_error(e, s)}); see the vLLM server's log"]
+    if not getattr(reply, "choices", None):
+        return [f"a 1-token chat completion returned no choices from {s.base_url}; see the vLLM server's log"]
+    return []

@@ -1,0 +1,278 @@
+"""The LLM proposer against real HTTP: a tiny stdlib server that misbehaves on purpose, and (marked `llm`) a real vLLM
+serving SmolLM2-135M on the CPU, started by scripts/test_llm_server.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from appliance.errors import ApplianceError
+from appliance.proposers.base import Example, PromptContext
+from appliance.proposers.llm import LLMProposer, LLMSettings, check_endpoint, load_templates
+from tests.conftest import FIXTURES
+
+PARENT = """import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+"""
+
+DIFF_REPLY = """Compute the softmax by hand so it can become a kernel later.
+<<<<<<< SEARCH
+        return torch.softmax(x, dim=-1)
+=======
+        e = torch.exp(x - x.max(dim=-1, keepdim=True).values)
+        return e / e.sum(dim=-1, keepdim=True)
+>>>>>>> REPLACE
+"""
+
+
+def completion(content: str, finish: str = "stop") -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
+    return {"id": "cmpl-1", "object": "chat.completion", "created": 0, "model": "fake", "choices": [choice],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
+
+
+class FakeLLM(ThreadingHTTPServer):
+    """Answers each chat request with the next behaviour (the last one repeats): "hang", "drop" (close without an
+    answer), an HTTP status code, a JSON body (dict) or an HTML one (other str). Records the requests and how many were in flight at once."""
+
+    def __init__(self, *behaviours, delay_s: float = 0.0):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.behaviours, self.delay_s = list(behaviours), delay_s
+        self.requests: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+        self.lock, self.release = threading.Lock(), threading.Event()
+        self.url = f"http://127.0.0.1:{self.server_port}/v1"
+
+    def next(self):
+        with self.lock:
+            return self.behaviours.pop(0) if len(self.behaviours) > 1 else self.behaviours[0]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeLLM
+
+    def log_message(self, *args):
+        pass
+
+    def _json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._json(200, {})
+        elif self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "test"}]})
+        else:
+            self._json(404, {"error": {"message": "no such path"}})
+
+    def do_POST(self):
+        s = self.server
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with s.lock:
+            s.requests.append(request)
+            s.in_flight += 1
+            s.max_in_flight = max(s.max_in_flight, s.in_flight)
+        time.sleep(s.delay_s)
+        what = s.next()
+        with s.lock:
+            s.in_flight -= 1
+        if what == "hang":
+            s.release.wait()
+        elif what == "drop":
+            pass  # HTTP/1.0: returning without a response closes the connection
+        elif isinstance(what, int):
+            self._json(what, {"error": {"message": "boom", "type": "InternalServerError"}})
+        elif isinstance(what, str):  # e.g. a proxy's HTML page
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(what.encode())
+        else:
+            self._json(200, what)
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def start(*behaviours, **kw) -> FakeLLM:
+        server = FakeLLM(*behaviours, **kw)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def ctx() -> PromptContext:
+    return PromptContext(
+        task_name="rowsoftmax",
+        task_source=(FIXTURES / "tasks" / "rowsoftmax.py").read_text(),
+        parent=Example(PARENT, feedback="correct; 1.00x eager", label="best"),
+        inspirations=[Example(PARENT.replace("dim=-1", "-1"), feedback="incorrect: max abs error 0.5")],
+        history=["build_failed: triton: unknown name tl.foo"],
+        backends=["triton"],
+        device="cpu (Triton interpreter)",
+    )
+
+
+def proposer(url: str, **kw) -> LLMProposer:
+    return LLMProposer(LLMSettings(**{"base_url": url, "model": "fake", "timeout_s": 5, "max_retries": 0, **kw}))
+
+
+def test_hanging_server_times_out_fast(fake):
+    server = fake("hang")
+    start = time.perf_counter()
+    [p] = proposer(server.url, timeout_s=0.5).propose(ctx(), 1)
+    assert p.source is None and p.failure.startswith("llm_timeout:"), p.failure
+    assert time.perf_counter() - start < 5 and 0.4 < p.latency_s < 5
+
+
+def test_dropped_connection_is_unreachable(fake):
+    [p] = proposer(fake("drop").url).propose(ctx(), 1)
+    assert p.source is None and p.failure.startswith("llm_unreachable:"), p.failure
+
+
+def test_refused_connection_is_unreachable():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    [p] = proposer(f"http://127.0.0.1:{port}/v1").propose(ctx(), 1)
+    assert p.source is None and p.failure.startswith("llm_unreachable:"), p.failure
+
+
+def test_http_500_is_a_server_error(fake):
+    [p] = proposer(fake(500).url).propose(ctx(), 1)
+    assert p.source is None and p.failure.startswith("llm_server_error: HTTP 500"), p.failure
+
+
+def test_retries_after_500(fake):
+    server = fake(500, completion(DIFF_REPLY))
+    [p] = proposer(server.url, max_retries=1).propose(ctx(), 1)
+    assert p.source is not None and len(server.requests) == 2
+
+
+@pytest.mark.parametrize("body", [{**completion(""), "choices": []}, {"hello": "world"}, "<html>gateway</html>"],
+                         ids=["no-choices", "not-a-completion", "html"])
+def test_answer_without_choices(fake, body):
+    [p] = proposer(fake(body).url).propose(ctx(), 1)
+    assert p.source is None and p.failure.startswith("llm_empty:"), p.failure
+
+
+def test_garbage_reply_is_recorded_with_tokens(fake):
+    [p] = proposer(fake(completion("I like turtles.")).url).propose(ctx(), 1)
+    assert p.source is None and p.failure.startswith("bad_reply:"), p.failure
+    assert p.raw == "I like turtles." and (p.tokens_in, p.tokens_out) == (11, 7)
+
+
+def test_truncated_reply_says_so(fake):
+    [p] = proposer(fake(completion("```python\nclass ModelNew", finish="length")).url).propose(ctx(), 1)
+    assert p.source is None and p.failure.startswith("llm_truncated: reply stopped at max_tokens=4096"), p.failure
+
+
+def test_diff_reply_becomes_a_source(fake):
+    server = fake(completion(DIFF_REPLY))
+    [p] = proposer(server.url, max_tokens=321, temperature=0.1).propose(ctx(), 1)
+    assert p.failure is None and p.mode == "diff" and p.proposer == "llm"
+    assert "e / e.sum(dim=-1, keepdim=True)" in p.source and "torch.softmax" not in p.source
+    assert (p.tokens_in, p.tokens_out) == (11, 7) and p.latency_s > 0
+    assert p.note == "Compute the softmax by hand so it can become a kernel later."
+    [request] = server.requests
+    assert (request["model"], request["max_tokens"], request["temperature"]) == ("fake", 321, 0.1)
+    system, user = (m["content"] for m in request["messages"])
+    assert "<<<<<<< SEARCH" in system and "ModelNew" in system and "triton" in system
+    for text in ("rowsoftmax", "torch.softmax(x, dim=-1)", "correct; 1.00x eager", "max abs error 0.5",
+                 "unknown name tl.foo", "cpu (Triton interpreter)"):
+        assert text in user
+
+
+def test_n_requests_run_concurrently_with_distinct_seeds(fake):
+    server = fake(completion(DIFF_REPLY), delay_s=0.3)
+    proposals = proposer(server.url, concurrency=3, seed=7).propose(ctx(), 3)
+    assert len(proposals) == 3 and all(p.source for p in proposals)
+    assert server.max_in_flight >= 2
+    assert sorted(r["seed"] for r in server.requests) == [7, 8, 9]
+
+
+def test_template_with_unknown_placeholder_fails_at_construction(tmp_path):
+    (tmp_path / "system.md").write_text("You write $language kernels.")
+    (tmp_path / "user.md").write_text("$task_source")
+    with pytest.raises(ApplianceError, match=r"system.md.*language"):
+        load_templates(tmp_path)
+
+
+def test_check_endpoint_against_fake(fake):
+    server = fake(completion("OK"))
+    assert check_endpoint(LLMSettings(base_url=server.url, model="fake", timeout_s=5)) == []
+    [problem] = check_endpoint(LLMSettings(base_url=server.url, model="gpt-9", timeout_s=5))
+    assert "'gpt-9' is not served" in problem and "fake" in problem
+
+
+def test_check_endpoint_without_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    [problem] = check_endpoint(LLMSettings(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_s=2))
+    assert problem.startswith(f"no vLLM server at http://127.0.0.1:{port}")
+
+
+# A real vLLM (CPU build, SmolLM2-135M-Instruct): scripts/test_llm_server.sh start prints the URL.
+REAL_URL = os.environ.get("APPLIANCE_TEST_LLM_URL")
+REAL_MODEL = os.environ.get("APPLIANCE_TEST_LLM_MODEL", "smollm2-135m")
+needs_real = pytest.mark.skipif(not REAL_URL, reason="set APPLIANCE_TEST_LLM_URL (scripts/test_llm_server.sh start)")
+
+
+def real_settings(**kw) -> LLMSettings:
+    # 2,048-token window, of which the prompt takes ~820; ~45 tokens/s per request on 2 CPU cores.
+    return LLMSettings(**{"base_url": REAL_URL, "model": REAL_MODEL, "max_tokens": 256, "timeout_s": 120,
+                          "max_retries": 1, "concurrency": 2, "seed": 0, **kw})
+
+
+@pytest.mark.llm
+@needs_real
+def test_real_vllm_proposes():
+    proposals = LLMProposer(real_settings()).propose(ctx(), 2)
+    assert len(proposals) == 2
+    for p in proposals:
+        # A 135M model rarely writes a valid kernel: a recorded reply failure is fine, server trouble is not.
+        assert (p.source is not None) != (p.failure is not None)
+        assert p.failure is None or p.failure.startswith(("bad_reply:", "llm_truncated:")), p.failure
+        assert p.tokens_in > 0 and p.tokens_out > 0 and p.raw and p.latency_s > 0
+
+
+@pytest.mark.llm
+@needs_real
+def test_real_vllm_check_endpoint():
+    assert check_endpoint(real_settings()) == []
+    [problem] = check_endpoint(real_settings(model="no-such-model"))
+    assert "'no-such-model' is not served" in problem and REAL_MODEL in problem
+    [problem] = check_endpoint(real_settings(max_tokens=4096))
+    assert "max_tokens=4096 leaves too little" in problem and "2048-token window" in problem
+
+
+@pytest.mark.llm
+@needs_real
+def test_real_vllm_rejects_unknown_model():
+    [p] = LLMProposer(real_settings(model="no-such-model")).propose(ctx(), 1)
+    assert p.source is None and p.failure.startswith("llm_rejected: HTTP 404"), p.failure
+    assert "no-such-model" in p.failure
