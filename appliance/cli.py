@@ -92,7 +92,8 @@ def eval_(
         jail = Jail(unsafe_no_jail=unsafe, gpu=(gpu or 0) if dev == "cuda" else None,
                     memory_bytes=int(memory_limit * 2**30), pids_max=pids_limit)
         settings = EvalSettings(device=dev, mode=mode, baselines=names, timing_budget_s=timing_budget,
-                                candidate_timeout_s=timeout, jobs_dir=s.jobs_dir, keep_job_dir=keep_job_dir)
+                                candidate_timeout_s=timeout, jobs_dir=s.jobs_dir, keep_job_dir=keep_job_dir,
+                                state_dir=s.home)
         if unsafe:
             err.print("[bold red]UNSAFE: --unsafe-no-jail: the candidate runs WITHOUT the jail.[/]")
         outcome = Pipeline(jail, settings).evaluate(t, candidate)
@@ -117,6 +118,7 @@ def _record(task, candidate: Path, outcome: Outcome, settings: EvalSettings) -> 
         device=outcome.device, mode=outcome.mode, speedup_vs_eager=outcome.speedup_vs_eager,
         speedup_vs_compile=outcome.speedup_vs_compile, environment=outcome.environment, details=outcome.details,
         timings=[{k: t.get(k) for k in ("shape", "sizes", "implementation", "device", "median_ms", "iqr_ms",
+                                        "gbps", "tflops", "roofline_fraction", "device_wide_ms", "energy_j_per_call",
                                         "min_ms", "reps", "error")} for t in outcome.timings],
     )
     store.finish_run(run.id, "finished")
@@ -152,10 +154,17 @@ def _print_outcome(o: Outcome, evaluation_id: int) -> None:
         _print_timings(o.timings, o.device)
 
 
+def _evidence(t: dict) -> tuple[str, str]:
+    roof, joules = t.get("roofline_fraction"), t.get("energy_j_per_call")
+    return (f"{roof:.0%}" if roof else "-"), (f"{joules * 1e3:.3g}" if joules else "-")
+
+
 def _print_timings(timings: list[dict], device: str) -> None:
     unit = "ms" if device == "cuda" else "ms, CPU"
     table = Table(title=f"Median time per call ({unit}) ± IQR")
-    for col in ("shape", "candidate", "eager", "torch.compile", "vs eager", "vs compile"):
+    gpu_evidence = any(t.get("roofline_fraction") or t.get("energy_j_per_call") for t in timings)
+    for col in ("shape", "candidate", "eager", "torch.compile", "vs eager", "vs compile") + (
+            ("roofline", "mJ/call") if gpu_evidence else ()):
         table.add_column(col, justify="left" if col == "shape" else "right")
     by_shape: dict[str, dict] = {}
     for t in timings:
@@ -168,7 +177,7 @@ def _print_timings(timings: list[dict], device: str) -> None:
 
         table.add_row(shape, _ms(c.get("median_ms"), c.get("iqr_ms")), _ms(e.get("median_ms"), e.get("iqr_ms")),
                       _ms(k.get("median_ms"), k.get("iqr_ms")) if not k.get("error") else "failed",
-                      ratio(e), ratio(k))
+                      ratio(e), ratio(k), *(_evidence(c) if gpu_evidence else ()))
     out.print(table)
 
 

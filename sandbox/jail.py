@@ -218,7 +218,7 @@ class Jail:
             "TORCH_EXTENSIONS_DIR": f"{tmp}/torch_extensions",
             "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
             "CUDA_CACHE_PATH": f"{tmp}/cuda",
-            "PYTHONPATH": str(Path(sandbox.__file__).resolve().parent.parent),
+            "PYTHONPATH": ":".join([str(Path(sandbox.__file__).resolve().parent.parent), *map(str, _pythonpath())]),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
             "CUDA_VISIBLE_DEVICES": "" if self.gpu is None else str(self.gpu),
@@ -234,12 +234,22 @@ def _python_paths() -> list[Path]:
     """The interpreter and every import root it uses (venv, base install, user site-packages)."""
     roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
     roots |= {Path(p) for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()}
+    roots |= set(_pythonpath())
     roots = {p.resolve() for p in roots if p.exists()}
     keep = [p for p in roots if not any(str(p).startswith(s + "/") or str(p) == s for s in SYSTEM_DIRS)]
     # Drop paths nested in another kept root, and never expose a whole home or working directory root.
     keep = [p for p in keep if not any(q != p and p.is_relative_to(q) for q in keep)]
     pkg_parent = Path(sandbox.__file__).resolve().parent.parent
     return sorted(p for p in keep if p != pkg_parent and not pkg_parent.is_relative_to(p))
+
+
+def _pythonpath() -> list[Path]:
+    """Package folders the controller was given through PYTHONPATH (e.g. an offline install with --target): the
+    harness needs the same ones. Never a home directory or the root."""
+    entries = [Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(":") if p]
+    pkg_parent = Path(sandbox.__file__).resolve().parent.parent
+    banned = {Path("/"), Path.home().resolve(), pkg_parent}
+    return [p for p in dict.fromkeys(entries) if p.is_dir() and p not in banned]
 
 
 def _cuda_bin() -> list[str]:

@@ -129,3 +129,10 @@ class Timing(SQLModel, table=True):
     min_ms: float | None = None
     reps: int | None = None
     error: str | None = Field(default=None, sa_type=Text)
+    # Evidence (GPU): achieved rates, roofline fraction against the measured ceilings, the device-wide cross-check
+    # and NVML energy. None where not measured (CPU, no byte/FLOP counts, no NVML).
+    gbps: float | None = None
+    tflops: float | None = None
+    roofline_fraction: float | None = None
+    device_wide_ms: float | None = None
+    energy_j_per_call: float | None = None

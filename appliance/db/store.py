@@ -70,13 +70,14 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the database to the newest schema (a no-op when it is there), in one transaction."""
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the database to `revision`, the newest schema by default (a no-op when it is there), in one
+    transaction."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     with engine.execution_options(**{_WRITE_LOCK: True}).begin() as connection:
         config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+        command.upgrade(config, revision)
 
 
 def schema_version(engine: Engine) -> str:

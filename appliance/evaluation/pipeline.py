@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from appliance.errors import InfrastructureError, TaskError
+from appliance.evaluation import evidence
 from appliance.tasks import Task
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
@@ -39,6 +40,7 @@ class EvalSettings:
     reference_timeout_s: float = 1200.0
     jobs_dir: Path | None = None
     keep_job_dir: bool = False
+    state_dir: Path | None = None  # where per-GPU facts (measured ceilings) are cached between evaluations
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Pipeline:
     def __init__(self, jail: Jail, settings: EvalSettings):
         self.jail, self.settings = jail, settings
         self.wall_s: dict[str, float] = {}  # seconds per process of the last evaluation
+        self._ceilings: dict | None = None
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
         s = self.settings
@@ -182,11 +185,45 @@ class Pipeline:
             return Outcome(**base | dict(verdict=bad[0]["kind"], stage="correctness", reason=bad[0]["reason"]),
                            environment=environment, details=details)
 
-        timings = _timing_rows(task, shapes, prepared["timings"], cand["timings"], device)
+        ceilings = self._device_ceilings(job, environment) if device == "cuda" else None
+        timings = _timing_rows(task, shapes, prepared["timings"], cand["timings"], device, ceilings)
+        details["evidence"] = {"launches_per_call": details["provenance"].get("own_launches"),
+                               "ceilings": ceilings}
+        for row in (t for t in timings if t["implementation"] == "candidate"):
+            where = f" at shape {row['shape']}"
+            if why := evidence.timer_mismatch(row):
+                return Outcome(**base | dict(verdict="timing_mismatch", stage="timing", reason=why + where),
+                               timings=timings, environment=environment, details=details)
+            if why := evidence.impossible(ceilings, row.get("flops"), row.get("bytes"), task.manifest.dtype,
+                                          row["median_ms"]):
+                return Outcome(**base | dict(verdict="impossible", stage="timing", reason=why + where),
+                               timings=timings, environment=environment, details=details)
         main = {t["implementation"]: t for t in timings if t["shape"] == "main"}
         return Outcome(**base | dict(reason=_pass_reason(main, device)), timings=timings,
                        speedup_vs_eager=_speedup(main, "eager"), speedup_vs_compile=_speedup(main, "compile"),
                        environment=environment, details=details)
+
+    def _device_ceilings(self, job: Path, environment: dict) -> dict | None:
+        """The GPU's measured ceilings: once per worker (cached per GPU model and driver), in the jail."""
+        key = f"{environment.get('gpu')}|{environment.get('driver')}"
+        cache = (self.settings.state_dir / f"ceilings-gpu{self.jail.gpu}.json") if self.settings.state_dir else None
+        if self._ceilings is None and cache and cache.is_file():
+            cached = json.loads(cache.read_text())
+            self._ceilings = cached if cached.get("key") == key else None
+        if self._ceilings is None or self._ceilings.get("key") != key:
+            workdir = job / "ceilings"
+            workdir.mkdir()
+            run = self.jail.run([_python(), "-m", "sandbox.harness.ceilings", str(workdir / "ceilings.json")],
+                                workdir=workdir, timeout_s=300)
+            measured = _read_result(workdir / "ceilings.json")
+            if run.returncode != 0 or measured is None:
+                # Without ceilings there is no roofline, but the evaluation itself stands.
+                return {"error": f"measuring the GPU's ceilings failed: {run.stderr.strip()[-300:]}"}
+            self._ceilings = measured | {"key": key}
+            if cache:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps(self._ceilings))
+        return self._ceilings
 
     def _harness(self, args: list[str], spec: dict, *, workdir: Path, timeout: float, task: Task,
                  ro=(), rw=()) -> dict:
@@ -335,7 +372,13 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
-def _timing_rows(task: Task, shapes: list[dict], baselines: dict, candidate: dict, device: str) -> list[dict]:
+# Numbers the timing loop may report beside the median (GPU only): the device-wide cross-check and energy.
+GPU_EVIDENCE = ("device_wide_ms", "sync_latency_ms", "energy_j_per_call", "avg_power_w")
+
+
+def _timing_rows(task: Task, shapes: list[dict], baselines: dict, candidate: dict, device: str,
+                 ceilings: dict | None) -> list[dict]:
+    ceilings = ceilings if ceilings and "measured" in ceilings else None
     rows = []
     for sh in shapes:
         name = sh["name"]
@@ -344,11 +387,13 @@ def _timing_rows(task: Task, shapes: list[dict], baselines: dict, candidate: dic
         for impl, t in impls.items():
             row = {"shape": name, "sizes": sh["sizes"], "implementation": impl, "device": device,
                    "median_ms": t.get("median_ms"), "iqr_ms": t.get("iqr_ms"), "min_ms": t.get("min_ms"),
-                   "reps": t.get("reps"), "error": t.get("error")}
+                   "reps": t.get("reps"), "error": t.get("error"), "flops": flops, "bytes": nbytes}
+            row |= {k: t[k] for k in GPU_EVIDENCE if isinstance(t.get(k), (int, float))}
             if t.get("median_ms") and flops:
                 row["tflops"] = flops / t["median_ms"] / 1e9
             if t.get("median_ms") and nbytes:
                 row["gbps"] = nbytes / t["median_ms"] / 1e6
+            row |= evidence.roofline(ceilings, flops, nbytes, task.manifest.dtype, t.get("median_ms"))
             rows.append(row)
     return rows
 

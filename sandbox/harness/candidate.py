@@ -18,6 +18,7 @@ from sandbox.harness.common import (as_outputs, error_info, is_compile_error, lo
                                     to_device, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
+from sandbox.harness.energy import EnergyMeter
 from sandbox.harness.timing import time_calls
 
 
@@ -81,6 +82,7 @@ def run(spec: dict) -> dict:
     _progress(spec, "load")
     import torch  # noqa: F401 - before the candidate, so the watch records torch's own functions
 
+    meter = EnergyMeter() if spec["device"] == "cuda" else None
     launches = Launches()
     launches.install()  # before the candidate is imported: its load_inline modules get counted too
     watch = Watch()
@@ -154,7 +156,8 @@ def run(spec: dict) -> dict:
         _progress(spec, "timing")
         try:
             timings[shape["name"]], spot = time_calls(timed_model, input_sets, device,
-                                                      budget_s=spec["timing_budget_s"])
+                                                      budget_s=spec["timing_budget_s"],
+                                                      energy_meter=meter if shape["name"] == "main" else None)
         except BaseException as exc:  # noqa: BLE001
             raise _failure(exc, "timing", f"while timing shape {shape['name']}", path) from None
         _check_untampered(watch, "timing", f"while timing shape {shape['name']}")

@@ -148,22 +148,25 @@ def prepare(spec: dict) -> dict:
         })
         # torch.compile recompiles for every new shape: time it on the main shape only, where speedups are quoted.
         names = spec["baselines"] if shape is spec["shapes"][0] else [b for b in spec["baselines"] if b != "compile"]
-        timings[shape["name"]] = _time_baselines(spec, names, model, input_sets, device)
+        timings[shape["name"]] = _time_baselines(spec, names, model, input_sets, device,
+                                                 energy=shape is spec["shapes"][0])
         del input_sets
     return {"status": "ok", "shapes": shapes_out, "timings": timings, "environment": environment(device)}
 
 
-def _time_baselines(spec: dict, names: list[str], model, input_sets: list, device: str) -> dict:
+def _time_baselines(spec: dict, names: list[str], model, input_sets: list, device: str, energy: bool) -> dict:
     """Eager and torch.compile, timed exactly like the candidate; a baseline that fails is recorded, not fatal."""
     import torch
 
+    from sandbox.harness.energy import EnergyMeter
     from sandbox.harness.timing import time_calls
 
+    meter = EnergyMeter() if device == "cuda" and energy else None
     out = {}
     for name in names:
         try:
             fn = model if name == "eager" else torch.compile(model)
-            out[name], _ = time_calls(fn, input_sets, device, budget_s=spec["timing_budget_s"])
+            out[name], _ = time_calls(fn, input_sets, device, budget_s=spec["timing_budget_s"], energy_meter=meter)
         except Exception as exc:  # noqa: BLE001 - e.g. no C++ compiler for inductor on this host
             out[name] = {"error": f"{type(exc).__name__}: {str(exc).strip()[:500]}"}
         if device == "cuda":

@@ -7,6 +7,12 @@ No two timed calls see the same values: input sets rotate, and before every call
 the set about to be used is rolled by one element along its last dimension, so pointer-, shape- or
 call-count-keyed caches return stale answers. One timed call, chosen at random, has its output kept
 (`spot`): the trusted check recomputes the reference for exactly those rolled inputs.
+
+Events on the current stream miss work a call leaves on other streams. So on the GPU a second, device-wide
+measurement follows: each call bracketed by events with a device-wide synchronize before the end event, minus the
+same bracket around nothing (the synchronize's own latency). The controller compares the two numbers; the quoted
+median stays the event one (no per-call synchronize in it), the device-wide one is the cross-check.
+Energy: NVML's counter over back-to-back calls (at least `energy_window_s`), divided by the number of calls.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ def time_calls(
     budget_s: float = 1.0,
     min_reps: int = 5,
     max_reps: int = 300,
+    energy_meter=None,
+    energy_window_s: float = 0.5,
 ) -> tuple[dict, dict]:
     """Returns (summary, spot): spot = {"set": k, "rolls": n, "outs": outputs of one random timed call}."""
     import torch
@@ -87,7 +95,48 @@ def time_calls(
         sync()
         if cuda:
             samples = [s.elapsed_time(e) for s, e in events]
-    return summarize(samples, device), spot
+        summary = summarize(samples, device)
+        if cuda:
+            summary.update(_device_wide(fn, input_sets, flush, sync, calls=min(reps, 20)))
+            if energy_meter is not None:
+                summary.update(_energy(fn, input_sets, sync, clock, energy_meter, summary["median_ms"],
+                                       energy_window_s))
+    return summary, spot
+
+
+def _device_wide(fn, input_sets: list, flush, sync, calls: int) -> dict:
+    import torch
+
+    def bracket(call) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flush()
+        # The GPU idles ~0.5 ms first, so the host has enqueued the call before the start event runs: host launch
+        # overhead stays out of this measurement, as it does in the queued loop above.
+        torch.cuda._sleep(1_000_000)
+        start.record()
+        call()
+        sync()  # every stream, not only the current one
+        end.record()
+        sync()
+        return start.elapsed_time(end)
+
+    empty = statistics.median(bracket(lambda: None) for _ in range(calls))
+    full = statistics.median(bracket(lambda i=i: fn(*input_sets[i % len(input_sets)])) for i in range(calls))
+    return {"device_wide_ms": max(full - empty, 0.0), "sync_latency_ms": empty}
+
+
+def _energy(fn, input_sets: list, sync, clock, meter, median_ms: float, window_s: float) -> dict:
+    calls = max(10, int(window_s * 1e3 / max(median_ms, 1e-4)))
+    sync()
+    e0, t0 = meter.millijoules(), clock()
+    for i in range(calls):
+        fn(*input_sets[i % len(input_sets)])
+    sync()
+    e1, t1 = meter.millijoules(), clock()
+    if e0 is None or e1 is None:
+        return {}
+    joules = (e1 - e0) / 1e3
+    return {"energy_j_per_call": joules / calls, "avg_power_w": joules / max(t1 - t0, 1e-9), "energy_calls": calls}
 
 
 def summarize(samples_ms: list[float], device: str) -> dict:

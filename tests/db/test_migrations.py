@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from appliance.db import Store, make_engine, migrate, schema_version
 from appliance.db.store import MIGRATIONS_DIR
 
 TABLES = {"task", "run", "candidate", "evaluation", "timing"}
+HEAD = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
 
 
 def url(path: Path) -> str:
@@ -38,7 +40,7 @@ def test_migrate_creates_the_tables_at_head(engine: sa.Engine) -> None:
     assert schema_version(engine) == ""
     migrate(engine)
     assert set(sa.inspect(engine).get_table_names()) == TABLES | {"alembic_version"}
-    assert schema_version(engine) == ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head() == "0001"
+    assert schema_version(engine) == ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head() == HEAD
 
 
 def test_migrated_schema_matches_the_models(engine: sa.Engine) -> None:
@@ -71,7 +73,7 @@ def test_migrating_again_is_a_no_op_that_keeps_rows(tmp_path: Path) -> None:
 
     reopened = Store.open(url(tmp_path / "appliance.db"))
     migrate(reopened.engine)
-    assert schema_version(reopened.engine) == "0001"
+    assert schema_version(reopened.engine) == HEAD
     again = reopened.get_or_add_task("relu", tmp_path / "relu.py", "class Model: ...", "")
     assert again.id == task.id
     reopened.close()
@@ -86,7 +88,7 @@ def test_processes_starting_together_on_a_new_file_all_migrate(tmp_path: Path) -
         return version
 
     with ThreadPoolExecutor(4) as pool:
-        assert list(pool.map(open_and_close, range(4))) == ["0001"] * 4
+        assert list(pool.map(open_and_close, range(4))) == [HEAD] * 4
 
 
 def test_file_database_uses_wal_foreign_keys_and_busy_timeout(tmp_path: Path) -> None:
@@ -103,5 +105,19 @@ def test_in_memory_database_is_shared_between_sessions() -> None:
     store = Store.open("sqlite://")
     task = store.get_or_add_task("relu", "relu.py", "src", "")
     assert store.get_or_add_task("relu", "relu.py", "src", "").id == task.id
-    assert schema_version(store.engine) == "0001"
+    assert schema_version(store.engine) == HEAD
     store.close()
+
+
+def test_upgrading_an_old_database_keeps_its_rows(tmp_path: Path) -> None:
+    engine = make_engine(url(tmp_path / "appliance.db"))
+    migrate(engine, "0001")
+    with sqlite3.connect(tmp_path / "appliance.db") as c:  # plain sqlite3: no foreign keys for this lone row
+        c.execute("INSERT INTO timing (evaluation_id, shape, sizes, implementation, device, median_ms) "
+                  "VALUES (1, 'main', '{}', 'candidate', 'cuda', 0.5)")
+    migrate(engine)
+    assert schema_version(engine) == HEAD
+    with engine.connect() as c:
+        row = c.execute(sa.text("SELECT median_ms, roofline_fraction FROM timing")).one()
+    assert tuple(row) == (0.5, None)
+    engine.dispose()

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The measurement itself: is the pipeline's number repeatable, and does it agree with triton.testing.do_bench?
+
+    python3 benchmarks/measurement.py [--tasks softmax,rmsnorm,mse_loss] [--repeats 10] [--device auto] [--quick]
+
+For each bundled task, its baseline is evaluated --repeats times through the real jailed pipeline (no eager or
+compile baselines: only the candidate's number is studied). Reported: the median of the candidate's main-shape
+medians, their CV across evaluations (target <= 1% on the GPU), do_bench's median for the same module on the same
+main-shape inputs and the ratio pipeline / do_bench (target within 3%), and the wall seconds of one evaluation
+per process. A row is printed as soon as its task is done (a run killed at a time limit keeps the finished rows;
+rerun the rest with --tasks); the whole table is printed again at the end. --quick: 3 repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from appliance.evaluation.pipeline import EvalSettings, Pipeline, resolve_device  # noqa: E402
+from appliance.tasks import load_task  # noqa: E402
+from sandbox.jail import Jail  # noqa: E402
+
+STAGES = ("prepare", "candidate", "check")
+HEADER = ("| task | repeats | median of medians ms | CV % | do_bench ms | ratio | "
+          "wall s per eval (prepare / candidate / check / total) |\n|---|---|---|---|---|---|---|")
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def pipeline_repeats(task, baseline: Path, device: str, repeats: int) -> tuple[list[float], list[dict], str]:
+    """The candidate's main-shape median and the wall seconds per process, once per evaluation."""
+    settings = EvalSettings(device=device, baselines=())  # the default timing budget: the number users get
+    pipeline = Pipeline(Jail(gpu=0 if device == "cuda" else None), settings)
+    medians, walls, mode = [], [], ""
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        outcome = pipeline.evaluate(task, baseline)
+        total = time.perf_counter() - t0
+        if not outcome.passed:
+            raise RuntimeError(f"{outcome.verdict}: {outcome.reason}")
+        main = next(t for t in outcome.timings if t["shape"] == "main" and t["implementation"] == "candidate")
+        medians.append(main["median_ms"])
+        walls.append(dict(pipeline.wall_s) | {"total": total})
+        mode = outcome.mode
+        log(f"  {task.name} {i + 1}/{repeats}: {main['median_ms']:.4g} ms (iqr {main['iqr_ms']:.3g}, "
+            f"{main['reps']} reps), {total:.1f} s")
+    return medians, walls, mode
+
+
+def do_bench_ms(task, baseline: Path, mode: str) -> float:
+    """do_bench on the baseline for the main shape's seed-0 inputs, built by the harness's own functions.
+
+    Unjailed, in this process: the baseline is our own trusted code, and so is the task (the reference harness
+    runs it too). Only ever on CUDA, so TRITON_INTERPRET is not set and the kernels are compiled for the GPU.
+    """
+    import torch
+    from triton.testing import do_bench
+
+    from sandbox.harness.common import load_module
+    from sandbox.harness.reference import _make_inputs
+
+    spec = {"device": "cuda", "dtype": task.manifest.dtype, "task_display": str(task.path)}
+    shape = vars(task.shapes(mode)[0])  # "main" at the pipeline's size mode
+    module = load_module(task.path, f"task_{task.name}")
+    init, args = _make_inputs(spec, module, shape, seed=0)
+    torch.manual_seed(0)  # ModelNew is built as the candidate harness builds it: seed, CPU, then device and dtype
+    model = load_module(baseline, f"baseline_{task.name}").ModelNew(*init).to("cuda")
+    if spec["dtype"]:
+        model = model.to(getattr(torch, spec["dtype"]))
+    with torch.no_grad():
+        ms = do_bench(lambda: model(*args), warmup=100, rep=1000, return_mode="median")  # flushes L2 per call
+    del model, args
+    torch.cuda.empty_cache()  # the next task's jailed processes want the memory back
+    return ms
+
+
+def row(name: str, repeats: int, medians: list[float], walls: list[dict], bench: float | None) -> str:
+    mid = statistics.median(medians)
+    cv = 100 * statistics.stdev(medians) / statistics.mean(medians) if len(medians) > 1 else float("nan")
+    bench_text, ratio = ("n/a (needs CUDA)", "n/a") if bench is None else (f"{bench:.4g}", f"{mid / bench:.3f}")
+    wall = " / ".join(f"{statistics.median(w[k] for w in walls):.1f}" for k in (*STAGES, "total"))
+    return f"| {name} | {repeats} | {mid:.4g} | {cv:.2f} | {bench_text} | {ratio} | {wall} |"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default="softmax,rmsnorm,mse_loss")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--quick", action="store_true", help="3 repeats")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    repeats = 3 if args.quick else args.repeats
+
+    print(f"\nMeasurement on {device} ({'full' if device == 'cuda' else 'small'} sizes), {repeats} jailed "
+          "evaluations of each baseline\n", flush=True)
+    print(HEADER, flush=True)
+    rows = []
+    for name in args.tasks.split(","):
+        task = load_task(REPO / "benchmarks/tasks" / f"{name}.py")
+        baseline = REPO / "benchmarks/baselines" / f"{name}.py"
+        try:
+            medians, walls, mode = pipeline_repeats(task, baseline, device, repeats)
+            bench = do_bench_ms(task, baseline, mode) if device == "cuda" else None
+            rows.append(row(name, repeats, medians, walls, bench))
+        except Exception as exc:  # noqa: BLE001 - one broken task must not cost the other rows
+            rows.append(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | | | |")
+        print(rows[-1], flush=True)
+    if len(rows) > 1:
+        print(f"\n{HEADER}\n" + "\n".join(rows), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Energy per call from NVML's total-energy counter (millijoules since driver load) of the GPU torch uses.
+
+Bound before the candidate is imported, like the timer: a candidate that patches pynvml later changes nothing.
+Without pynvml, or on a GPU without the counter, energy is simply not reported (never invented).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+class EnergyMeter:
+    def __init__(self):
+        self.unavailable: str | None = None
+        self._read: Callable[[], int] | None = None
+        try:
+            import pynvml
+            import torch
+
+            pynvml.nvmlInit()
+            props = torch.cuda.get_device_properties(0)
+            # NVML ignores CUDA_VISIBLE_DEVICES: find the GPU torch sees by its PCI address.
+            bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+            read = pynvml.nvmlDeviceGetTotalEnergyConsumption
+            read(handle)
+            self._read = lambda: read(handle)
+        except Exception as exc:  # noqa: BLE001 - no NVML, no counter, no GPU: report why, time anyway
+            self.unavailable = f"{type(exc).__name__}: {exc}"[:200]
+
+    def millijoules(self) -> int | None:
+        return self._read() if self._read else None
