@@ -72,6 +72,8 @@ def eval_(
     keep_job_dir: Annotated[bool, typer.Option(help="Keep the job directory (inputs, outputs, logs) for debugging.")] = False,
     memory_limit: Annotated[float, typer.Option(help="Memory limit per jailed process, GiB (cgroup).")] = 32.0,
     pids_limit: Annotated[int, typer.Option(help="Processes + threads limit per jailed process tree (cgroup).")] = 1024,
+    profile: Annotated[bool, typer.Option(help="GPU: add an Nsight Compute summary (DRAM throughput, occupancy, "
+                                               "top stalls) when the candidate passes.")] = False,
     unsafe_no_jail: Annotated[bool, typer.Option(
         "--unsafe-no-jail", help="DEVELOPMENT ONLY: run the candidate WITHOUT the jail (env APPLIANCE_UNSAFE_NO_JAIL=1). "
                                  "Every verdict is marked unjailed.")] = False,
@@ -93,7 +95,7 @@ def eval_(
                     memory_bytes=int(memory_limit * 2**30), pids_max=pids_limit)
         settings = EvalSettings(device=dev, mode=mode, baselines=names, timing_budget_s=timing_budget,
                                 candidate_timeout_s=timeout, jobs_dir=s.jobs_dir, keep_job_dir=keep_job_dir,
-                                state_dir=s.home)
+                                state_dir=s.home, profile=profile)
         if unsafe:
             err.print("[bold red]UNSAFE: --unsafe-no-jail: the candidate runs WITHOUT the jail.[/]")
         outcome = Pipeline(jail, settings).evaluate(t, candidate)
@@ -131,7 +133,7 @@ def _outcome_json(o: Outcome, evaluation_id: int, run_id: int) -> dict:
         "jailed": o.jailed, "device": o.device, "mode": o.mode,
         "speedup_vs_eager": o.speedup_vs_eager, "speedup_vs_compile": o.speedup_vs_compile,
         "timings": o.timings, "environment": o.environment, "evaluation_id": evaluation_id, "run_id": run_id,
-        "wall_s": o.details.get("wall_s"),
+        "wall_s": o.details.get("wall_s"), "evidence": o.details.get("evidence"), "ncu": o.details.get("ncu"),
     }
 
 

@@ -68,3 +68,53 @@ def impossible(ceilings: dict | None, flops: float | None, nbytes: float | None,
             return (f"{flops / seconds / 1e12:.3g} TFLOP/s would exceed the GPU's {key.split('_')[0]} peak of "
                     f"{limit / 1e12:.3g} TFLOP/s: the kernel cannot have done the task's arithmetic in that time")
     return None
+
+
+# Nsight Compute: the sections whose raw metrics make the summary. Clocks are never touched (--clock-control none).
+NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "WarpStateStats")
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+
+
+def ncu_command(ncu: str, log_file: str) -> list[str]:
+    sections = [arg for name in NCU_SECTIONS for arg in ("--section", name)]
+    return [ncu, "--clock-control", "none", "--profile-from-start", "off", "--target-processes", "all",
+            *sections, "--csv", "--page", "raw", "--log-file", log_file]
+
+
+def ncu_summary(csv_text: str) -> dict:
+    """Kernels of one profiled call -> DRAM throughput, achieved occupancy and top stall reasons, each kernel
+    weighted by its duration. The log comes from inside the jail: it is advice for the next proposal, never a verdict."""
+    import csv
+    import io
+
+    lines = [line for line in csv_text.splitlines() if line.startswith('"')]  # ncu's own ==PROF== lines are not CSV
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))[1:]  # the first row holds the units
+    kernels = []
+    for row in rows:
+        def num(key: str) -> float:
+            try:
+                return float(str(row.get(key, "")).replace(",", ""))
+            except ValueError:
+                return 0.0
+
+        stalls = {k[len(STALL_PREFIX):-len(STALL_SUFFIX)]: num(k) for k in row
+                  if k.startswith(STALL_PREFIX) and k.endswith(STALL_SUFFIX)}
+        kernels.append({"name": row.get("Kernel Name", "?")[:80], "ns": num("gpu__time_duration.sum"),
+                        "dram_pct": num("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                        "occupancy_pct": num("sm__warps_active.avg.pct_of_peak_sustained_active"), "stalls": stalls})
+    if not kernels:
+        return {"error": "Nsight Compute reported no kernel for the profiled call"}
+    total = sum(k["ns"] for k in kernels) or 1.0
+
+    def weighted(key: str) -> float:
+        return sum(k[key] * k["ns"] for k in kernels) / total
+
+    stalls: dict[str, float] = {}
+    for k in kernels:
+        for reason, value in k["stalls"].items():
+            stalls[reason] = stalls.get(reason, 0.0) + value * k["ns"] / total
+    top = sorted(stalls.items(), key=lambda kv: -kv[1])[:3]
+    return {"kernels": len(kernels), "gpu_time_us": total / 1e3, "dram_throughput_pct": weighted("dram_pct"),
+            "achieved_occupancy_pct": weighted("occupancy_pct"),
+            "top_stalls": [{"reason": r, "cycles_per_issue": v} for r, v in top],
+            "names": [k["name"] for k in kernels[:5]]}

@@ -41,6 +41,7 @@ class EvalSettings:
     jobs_dir: Path | None = None
     keep_job_dir: bool = False
     state_dir: Path | None = None  # where per-GPU facts (measured ceilings) are cached between evaluations
+    profile: bool = False  # Nsight Compute summary of a passing candidate (GPU only; the loop asks for promising ones)
 
 
 @dataclass
@@ -198,10 +199,29 @@ class Pipeline:
                                           row["median_ms"]):
                 return Outcome(**base | dict(verdict="impossible", stage="timing", reason=why + where),
                                timings=timings, environment=environment, details=details)
+        if s.profile and device == "cuda":
+            details["ncu"] = self._profile(dirs, spec_path)
         main = {t["implementation"]: t for t in timings if t["shape"] == "main"}
         return Outcome(**base | dict(reason=_pass_reason(main, device)), timings=timings,
                        speedup_vs_eager=_speedup(main, "eager"), speedup_vs_compile=_speedup(main, "compile"),
                        environment=environment, details=details)
+
+    def _profile(self, dirs: dict[str, Path], spec_path: Path) -> dict:
+        """Nsight Compute over one call of the (already passed) candidate, in the same jail as its evaluation."""
+        ncu = shutil.which("ncu") or next((p for p in NCU_PATHS if os.path.isfile(p)), None)
+        if not ncu:
+            return {"error": "Nsight Compute (ncu) is not installed on this host; install the CUDA toolkit's "
+                             "nsight-compute package to get profiles"}
+        log = dirs["candidate"] / "ncu.csv"
+        run = self.jail.run([*evidence.ncu_command(ncu, str(log)), _python(), "-m", "sandbox.harness.candidate",
+                             str(spec_path), "--profile"],
+                            workdir=dirs["candidate"], ro=[dirs["inputs"]], timeout_s=300)
+        text = _read_text(log, MAX_RESULT_BYTES)
+        summary = evidence.ncu_summary(text) if text else {}
+        if run.returncode != 0 or not text or "error" in summary:
+            tail = " ".join((run.stderr.strip() or text or "").splitlines()[-3:])[-500:]
+            return {"error": f"ncu exited with code {run.returncode}: {tail}"}
+        return summary
 
     def _device_ceilings(self, job: Path, environment: dict) -> dict | None:
         """The GPU's measured ceilings: once per worker (cached per GPU model and driver), in the jail."""
@@ -257,22 +277,34 @@ HARNESS_FAILURES = {"load_error", "compile_error", "runtime_error", "wrong_outpu
                     "sandbox_violation", "deferred_work"}
 
 
-def _read_result(path: Path) -> dict | None:
-    """A result file's JSON object, or None. The candidate can write in its directory: never follow a link,
-    never block on a FIFO, never read more than a few MiB."""
+NCU_PATHS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/ncu")
+
+
+def _read_text(path: Path, limit: int) -> str | None:
+    """A file the candidate could have written to: never follow a link, never block on a FIFO, never read more
+    than `limit` bytes. None if it is not a small regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RESULT_BYTES:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             return None
-        data = json.loads(os.read(fd, MAX_RESULT_BYTES))
-    except (OSError, ValueError):
+        return os.read(fd, limit).decode(errors="replace")
+    except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _read_result(path: Path) -> dict | None:
+    """A result file's JSON object, or None."""
+    text = _read_text(path, MAX_RESULT_BYTES)
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
     return data if isinstance(data, dict) else None
 
 

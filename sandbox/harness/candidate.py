@@ -31,6 +31,8 @@ class CandidateFailure(Exception):
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     prepare_device(spec["device"])
+    if argv[1:] == ["--profile"]:
+        return profile(spec)
     try:
         result = run(spec)
     except CandidateFailure as f:
@@ -167,6 +169,29 @@ def run(spec: dict) -> dict:
                     "outs": [o.cpu() for o in spot_outs if isinstance(o, torch.Tensor)]},
                    Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
     return {"status": "ok", "timings": timings, "provenance": provenance}
+
+
+def profile(spec: dict) -> int:
+    """One forward call at the main shape inside cudaProfilerStart/Stop, for Nsight Compute
+    (`ncu --profile-from-start off`). Runs after the candidate passed the gate, in the same jail."""
+    import torch
+
+    module = load_module(spec["candidate_file"], "candidate")
+    shape, seed = spec["shapes"][0], spec["seeds"][0]
+    saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True, map_location="cuda")
+    torch.manual_seed(seed)
+    model = module.ModelNew(*saved["init"]).to("cuda")
+    if spec["dtype"]:
+        model = model.to(getattr(torch, spec["dtype"]))
+    args = to_device(saved["args"], "cuda", shape["layout"])
+    with torch.no_grad():
+        model(*args)  # compiles and warms up outside the profiled range
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        model(*args)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+    return 0
 
 
 if __name__ == "__main__":

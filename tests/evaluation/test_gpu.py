@@ -84,3 +84,16 @@ def test_honest_candidate_on_its_own_stream_passes(appliance, softmax_task):
     code, result = appliance.eval_json(softmax_task, REPO / "tests/fixtures/gpu/own_stream_honest.py", "--mode",
                                        "full", device="cuda")
     assert code == 0, result["reason"]
+
+
+def test_gpu_evidence_cross_check_energy_roofline_and_ncu(appliance, softmax_task):
+    code, result = appliance.eval_json(softmax_task, candidate("good"), "--mode", "full", "--profile", device="cuda")
+    assert code == 0, result["reason"]
+    cand = next(t for t in result["timings"] if t["shape"] == "main" and t["implementation"] == "candidate")
+    assert cand["device_wide_ms"] <= 1.5 * cand["median_ms"] + 0.05, cand
+    assert cand["energy_j_per_call"] > 0 and 0 < cand["roofline_fraction"] < 1.2, cand
+    evidence = result["evidence"]
+    assert evidence["launches_per_call"] == 1
+    assert evidence["ceilings"]["measured"]["read_bytes_per_s"] > 1e12
+    print("\nceilings", evidence["ceilings"], "\nncu", result["ncu"], "\ntiming", cand)
+    assert "dram_throughput_pct" in result["ncu"], result["ncu"]
