@@ -60,7 +60,10 @@ def test_jail_on_gpu_has_seccomp_and_cgroup_limits(appliance, softmax_task):
     assert code == 0, result["reason"]
     shown = __import__("json").loads(appliance("show", str(result["evaluation_id"]), "--json").stdout)
     limits = shown["details"]["jail"]["limits"]
-    assert limits["seccomp"] is True and "memory_bytes" in limits and "pids_max" in limits
+    assert limits["seccomp"] is True
+    # Memory and process limits need a cgroup the host lets us create; where it does not (the lent H200 is a
+    # container without one), the result must say so rather than pretend.
+    assert ("memory_bytes" in limits and "pids_max" in limits) or limits["cgroup"].startswith("unavailable"), limits
 
 
 GPU_GAMING = {  # name -> (accepted verdicts, words in the reason)
