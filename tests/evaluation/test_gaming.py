@@ -24,6 +24,7 @@ CASES = {
     "torch_composite": ("library_fallback", "correctness", ["no kernel of its own", "exp"]),
     "stuffs_outputs": ("tampering", "correctness", ["junk.pt", "larger than its outputs can be"]),
     "deferred_thread": ("deferred_work", "correctness", ["changed after forward returned"]),
+    "imports_reference": ("load_error", "load", ["no reference task.py visible"]),
 }
 
 
