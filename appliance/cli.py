@@ -18,6 +18,7 @@ from rich.table import Table
 from appliance.config import Settings
 from appliance.errors import ApplianceError
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
+from appliance.search.loop import TIMING_KEYS, OptimizeConfig, Summary
 from appliance.tasks import load_task
 
 app = typer.Typer(help="Kernel Optimizer Appliance: verified GPU kernel speedups, on your own hardware.",
@@ -119,9 +120,7 @@ def _record(task, candidate: Path, outcome: Outcome, settings: EvalSettings) -> 
         cand.id, run.id, verdict=outcome.verdict, stage=outcome.stage, reason=outcome.reason, jailed=outcome.jailed,
         device=outcome.device, mode=outcome.mode, speedup_vs_eager=outcome.speedup_vs_eager,
         speedup_vs_compile=outcome.speedup_vs_compile, environment=outcome.environment, details=outcome.details,
-        timings=[{k: t.get(k) for k in ("shape", "sizes", "implementation", "device", "median_ms", "iqr_ms",
-                                        "gbps", "tflops", "roofline_fraction", "device_wide_ms", "energy_j_per_call",
-                                        "min_ms", "reps", "error")} for t in outcome.timings],
+        timings=[{k: t.get(k) for k in TIMING_KEYS} for t in outcome.timings],
     )
     store.finish_run(run.id, "finished")
     return ev.id, run.id
@@ -181,6 +180,206 @@ def _print_timings(timings: list[dict], device: str) -> None:
                       _ms(k.get("median_ms"), k.get("iqr_ms")) if not k.get("error") else "failed",
                       ratio(e), ratio(k), *(_evidence(c) if gpu_evidence else ()))
     out.print(table)
+
+
+@app.command()
+def optimize(
+    task: Annotated[Optional[Path], typer.Argument(help="Task file (KernelBench format). Not needed with --resume.")] = None,
+    start_from: Annotated[Optional[Path], typer.Option(
+        "--from", help="Seed candidate (a ModelNew that passes the gate). Default: the bundled baseline "
+                       "benchmarks/baselines/NAME.py when the task is from the bundled suite.")] = None,
+    proposer: Annotated[Optional[str], typer.Option(
+        help="tune (parameter tuner) | llm (APPLIANCE_LLM_URL). Default: llm when an endpoint is configured.")] = None,
+    max_candidates: Annotated[Optional[int], typer.Option(help="Budget: evaluated candidates (default 20).")] = None,
+    max_gpu_seconds: Annotated[Optional[float], typer.Option(help="Budget: GPU seconds of evaluation.")] = None,
+    max_wall: Annotated[Optional[float], typer.Option(help="Budget: wall seconds of the run, over all sessions.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Budget: LLM tokens (prompt + completion).")] = None,
+    batch: Annotated[int, typer.Option(help="Proposals per generation.")] = 2,
+    islands: Annotated[int, typer.Option(help="Islands of the evolutionary database.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of every random choice of the search (reproducible runs).")] = 0,
+    resume: Annotated[Optional[int], typer.Option(help="Continue run RUN (after a pause, a stop or a crash).")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
+    mode: Annotated[Optional[str], typer.Option(help="Size mode: small | full (default: full on GPU).")] = None,
+    timing_budget: Annotated[float, typer.Option(help="Seconds of timed calls per shape and implementation.")] = 1.0,
+    workers: Annotated[int, typer.Option(help="CPU: evaluations at once. GPU: one worker per GPU in --gpus.")] = 1,
+    gpus: Annotated[Optional[str], typer.Option(help="Evaluation GPUs, e.g. 1,2 (default: every visible GPU).")] = None,
+    unsafe_no_jail: Annotated[bool, typer.Option(
+        "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Search for a faster verified kernel: propose -> evaluate -> select until a budget runs out.
+    Every step is in the database: a run killed at any moment continues with --resume RUN."""
+    from appliance.search.loop import Optimizer, config_dict
+
+    s = state.settings
+    try:
+        store = _store()
+        if resume is not None:
+            run = store.get_run(resume)
+            if run is None or run.kind != "optimize":
+                raise ApplianceError(f"no optimize run {resume} (see `appliance runs`)")
+            config = OptimizeConfig.from_dict(run.config)
+            for name, value in (("max_candidates", max_candidates), ("max_gpu_seconds", max_gpu_seconds),
+                                ("max_wall_s", max_wall), ("max_tokens", max_tokens)):
+                if value is not None:  # a resumed run may get a bigger budget
+                    setattr(config, name, value)
+            store.update_run(run.id, config=config_dict(config))
+            t = _task_of_run(store, run)
+        else:
+            if task is None:
+                raise ApplianceError("give a TASK file, or --resume RUN")
+            t = load_task(task)
+            seed_file = start_from or (Path(__file__).resolve().parent.parent / "benchmarks/baselines" / task.name)
+            if not seed_file.is_file():
+                raise ApplianceError(f"no seed candidate: give --from FILE (a ModelNew that passes the gate; "
+                                     f"{seed_file} does not exist)")
+            chosen = proposer or ("llm" if s.llm_url else "tune")
+            if chosen not in ("tune", "llm"):
+                raise ApplianceError(f"--proposer takes tune or llm, not {chosen!r}")
+            config = OptimizeConfig(proposer=chosen, max_candidates=max_candidates or 20,
+                                    max_gpu_seconds=max_gpu_seconds, max_wall_s=max_wall, max_tokens=max_tokens,
+                                    batch=batch, islands=islands, seed=seed, device=device, mode=mode,
+                                    timing_budget_s=timing_budget, workers=workers)
+            row = store.get_or_add_task(t.name, str(t.path), t.source, t.manifest_text)
+            run = store.add_run(row.id, "optimize", config_dict(config))
+            store.add_candidate(run.id, row.id, seed_file.read_text(errors="replace"), path=str(seed_file.resolve()),
+                                proposer="seed", status="queued", island=0, generation=0, note="seed candidate")
+        pipelines = _pipelines(config, gpus, unsafe_no_jail or s.unsafe_no_jail)
+        log = (lambda _: None) if as_json else (lambda line: err.print(f"[dim]run {run.id}:[/] {line}",
+                                                                        highlight=False))
+        optimizer = Optimizer(store, run.id, t, pipelines, _proposer(config), config,
+                              s.home / "runs" / str(run.id), log)
+        summary = optimizer.run()
+    except ApplianceError as e:
+        _fail(e, as_json)
+    _print_summary(summary, as_json)
+
+
+@app.command()
+def submit(
+    run_id: Annotated[int, typer.Argument(metavar="RUN", help="The optimize run to add the candidate to.")],
+    candidate: Annotated[Path, typer.Argument(help="Candidate file defining ModelNew.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Evaluate a person's candidate inside a run and rank it among the run's candidates."""
+    from appliance.search.loop import Optimizer, summarize
+
+    s = state.settings
+    try:
+        store = _store()
+        run = store.get_run(run_id)
+        if run is None or run.kind != "optimize":
+            raise ApplianceError(f"no optimize run {run_id} (see `appliance runs`)")
+        if not candidate.is_file():
+            raise ApplianceError(f"no such candidate file: {candidate}")
+        config = OptimizeConfig.from_dict(run.config)
+        t = _task_of_run(store, run)
+        row = store.add_candidate(run.id, run.task_id, candidate.read_text(errors="replace"),
+                                  path=str(candidate.resolve()), proposer="manual", status="queued", island=0,
+                                  note=f"submitted by hand: {candidate.name}")
+        optimizer = Optimizer(store, run.id, t, _pipelines(config, None, s.unsafe_no_jail), None, config,
+                              s.home / "runs" / str(run.id))
+        optimizer.evaluate([row])
+        ranked = [c.id for c, e in sorted(((c, e) for c, e in store.run_candidates(run.id)
+                                           if e and e.verdict == "pass"), key=lambda ce: -(ce[1].speedup_vs_eager or 0))]
+        evaluation = next(e for c, e in store.run_candidates(run.id) if c.id == row.id)
+    except ApplianceError as e:
+        _fail(e, as_json)
+    rank = ranked.index(row.id) + 1 if row.id in ranked else None
+    result = {"run_id": run.id, "candidate_id": row.id, "evaluation_id": evaluation.id, "verdict": evaluation.verdict,
+              "reason": evaluation.reason, "speedup_vs_eager": evaluation.speedup_vs_eager, "rank": rank,
+              "passing": len(ranked), "best": summarize(store, run.id).best}
+    if as_json:
+        print(json.dumps(result, default=str))
+    else:
+        out.print(f"candidate {row.id}: [bold]{evaluation.verdict}[/] - {evaluation.reason}")
+        out.print(f"rank {rank} of {len(ranked)} passing candidates" if rank else "not ranked (did not pass)")
+    raise typer.Exit(0 if evaluation.verdict == "pass" else 1)
+
+
+@app.command()
+def pause(run_id: Annotated[int, typer.Argument(metavar="RUN")]) -> None:
+    """Pause a running optimize run (it stops after the evaluation in flight; `optimize --resume RUN` goes on)."""
+    _set_status(run_id, "paused")
+
+
+@app.command()
+def stop(run_id: Annotated[int, typer.Argument(metavar="RUN")]) -> None:
+    """Stop an optimize run for good after the evaluation in flight (it can still be resumed explicitly)."""
+    _set_status(run_id, "stopped")
+
+
+def _set_status(run_id: int, status: str) -> None:
+    store = _store()
+    run = store.get_run(run_id)
+    if run is None:
+        err.print(f"[bold red]error:[/] no run {run_id}")
+        raise typer.Exit(2)
+    store.update_run(run_id, status=status)
+    out.print(f"run {run_id}: {status}")
+
+
+def _task_of_run(store, run):
+    row = store.get_task(run.task_id)
+    t = load_task(Path(row.path))
+    if t.source != row.source:
+        raise ApplianceError(f"the task file {row.path} changed since run {run.id} started; start a new run")
+    return t
+
+
+def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> list[Pipeline]:
+    """One pipeline per evaluation slot: one per evaluation GPU, or `workers` on a CPU host."""
+    from appliance.evaluation.pipeline import resolve_device
+    from sandbox.jail import Jail
+
+    s = state.settings
+    dev = resolve_device(config.device)
+    if dev == "cuda":
+        import torch
+
+        indices = [int(g) for g in gpus.split(",")] if gpus else list(range(torch.cuda.device_count()))
+    else:
+        indices = [None] * max(1, config.workers)
+    if unsafe:
+        err.print("[bold red]UNSAFE: --unsafe-no-jail: candidates run WITHOUT the jail.[/]")
+    settings = EvalSettings(device=dev, mode=config.mode, baselines=("eager", "compile") if dev == "cuda" else ("eager",),
+                            timing_budget_s=config.timing_budget_s, jobs_dir=s.jobs_dir, state_dir=s.home,
+                            profile=config.profile and dev == "cuda")
+    return [Pipeline(Jail(unsafe_no_jail=unsafe, gpu=g), settings) for g in indices]
+
+
+def _proposer(config: OptimizeConfig):
+    import random
+
+    if config.proposer == "llm":
+        from appliance.proposers.llm import LLMProposer, LLMSettings
+
+        s = state.settings
+        if not s.llm_url:
+            raise ApplianceError("the llm proposer needs APPLIANCE_LLM_URL (and APPLIANCE_LLM_MODEL); "
+                                 "`appliance optimize --proposer tune` works without one")
+        return LLMProposer(LLMSettings(base_url=s.llm_url, model=s.llm_model, api_key=s.llm_api_key,
+                                       seed=config.seed))
+    from appliance.proposers.tune import TuneProposer
+
+    return TuneProposer(random.Random(config.seed))
+
+
+def _print_summary(summary: Summary, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    if as_json:
+        print(json.dumps(asdict(summary), default=str))
+        return
+    out.print(f"run {summary.run_id}: [bold]{summary.status}[/] - {summary.evaluated} evaluated, "
+              f"{summary.passed} passed, {summary.proposal_failures} proposal failures, "
+              f"{summary.duplicates} duplicates skipped")
+    for label, d in (("seed", summary.seed), ("best", summary.best)):
+        if d:
+            out.print(f"  {label}: candidate {d['candidate_id']} ({d['proposer']}) {d['verdict']}, "
+                      f"{_x(d['speedup_vs_eager'])} vs eager, {_x(d['speedup_vs_compile'])} vs torch.compile"
+                      + (f" - {d['note']}" if d.get("note") else ""))
+    out.print(f"  usage: {summary.usage}")
 
 
 @app.command()

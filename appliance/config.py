@@ -19,6 +19,9 @@ class Settings:
     db_url: str  # any SQLAlchemy URL; SQLite file under home by default
     suite_dir: Path  # the bundled task suite (benchmarks/tasks)
     unsafe_no_jail: bool  # development only: run harness processes without bubblewrap
+    llm_url: str | None = None  # APPLIANCE_LLM_URL: vLLM's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1
+    llm_model: str = ""  # APPLIANCE_LLM_MODEL: the served model name
+    llm_api_key: str = "EMPTY"  # APPLIANCE_LLM_API_KEY
 
     @classmethod
     def load(cls, db_url: str | None = None) -> Settings:
@@ -26,7 +29,10 @@ class Settings:
         url = db_url or os.environ.get("APPLIANCE_DB_URL") or f"sqlite:///{home / 'appliance.db'}"
         suite = Path(os.environ.get("APPLIANCE_SUITE") or REPO_ROOT / "benchmarks/tasks")
         return cls(home=home, db_url=url, suite_dir=suite,
-                   unsafe_no_jail=_truthy(os.environ.get("APPLIANCE_UNSAFE_NO_JAIL")))
+                   unsafe_no_jail=_truthy(os.environ.get("APPLIANCE_UNSAFE_NO_JAIL")),
+                   llm_url=os.environ.get("APPLIANCE_LLM_URL") or None,
+                   llm_model=os.environ.get("APPLIANCE_LLM_MODEL", ""),
+                   llm_api_key=os.environ.get("APPLIANCE_LLM_API_KEY", "EMPTY"))
 
     @property
     def jobs_dir(self) -> Path:

@@ -75,8 +75,9 @@ class Run(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     task_id: int = Field(foreign_key="task.id", index=True)
     kind: str
-    status: str = "created"  # created, running, finished, failed
-    config: dict[str, Any] = _json()
+    status: str = "created"  # created, running, paused, stopped, finished, failed
+    config: dict[str, Any] = _json()  # optimize: proposer, budgets, seed, islands, device (appliance/search/loop.py)
+    state: dict[str, Any] = _json()  # optimize: generation, island migrants, elapsed seconds (survives restarts)
     created_at: datetime = _created_at()
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
@@ -92,6 +93,15 @@ class Candidate(SQLModel, table=True):
     path: str | None = None
     parent_id: int | None = Field(default=None, foreign_key="candidate.id")
     proposer: str = "manual"  # manual, llm, tune
+    # The search's bookkeeping: queued -> evaluating -> evaluated; proposal_failed rows keep a proposer's failure
+    # (garbage from the LLM, an edit that does not apply) with no source to evaluate.
+    status: str = "evaluated"
+    island: int | None = None
+    generation: int | None = None
+    note: str = Field(default="", sa_type=Text)
+    failure: str | None = Field(default=None, sa_type=Text)
+    tokens_in: int = 0
+    tokens_out: int = 0
     created_at: datetime = _created_at()
 
 

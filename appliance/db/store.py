@@ -25,7 +25,7 @@ from sqlmodel import Session, col, select
 from appliance.db.models import Candidate, Evaluation, Run, Task, Timing, utc_now
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-RUN_STATUSES = ("created", "running", "finished", "failed")
+RUN_STATUSES = ("created", "running", "paused", "stopped", "finished", "failed")
 PASS = "pass"
 
 # Execution option read by the SQLite "begin" hook: writers take the write lock when they begin.
@@ -188,6 +188,7 @@ class Store:
         path: str | None = None,
         parent_id: int | None = None,
         proposer: str = "manual",
+        **search: Any,  # status, island, generation, note, failure, tokens_in, tokens_out
     ) -> Candidate:
         with self._write() as session:
             candidate = Candidate(
@@ -198,9 +199,42 @@ class Store:
                 path=path,
                 parent_id=parent_id,
                 proposer=proposer,
+                **search,
             )
             session.add(candidate)
             return candidate
+
+    def set_candidate_status(self, candidate_id: int, status: str) -> None:
+        with self._write() as session:
+            candidate = session.get(Candidate, candidate_id)
+            if candidate is None:
+                raise KeyError(f"no candidate {candidate_id}")
+            candidate.status = status
+
+    def requeue_unfinished(self, run_id: int) -> int:
+        """After a crash: candidates left mid-evaluation go back to the queue. Returns how many."""
+        with self._write() as session:
+            query = select(Candidate).where(Candidate.run_id == run_id, Candidate.status == "evaluating")
+            rows = session.exec(query).all()
+            for candidate in rows:
+                candidate.status = "queued"
+            return len(rows)
+
+    def update_run(self, run_id: int, *, status: str | None = None, state: dict[str, Any] | None = None,
+                   config: dict[str, Any] | None = None) -> Run:
+        assert status is None or status in RUN_STATUSES, status
+        with self._write() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise KeyError(f"no run {run_id}")
+            if status is not None:
+                run.status = status
+                run.finished_at = utc_now() if status in ("finished", "failed", "stopped") else None
+            if state is not None:
+                run.state = dict(state)
+            if config is not None:
+                run.config = dict(config)
+            return run
 
     def add_evaluation(
         self,
@@ -240,6 +274,9 @@ class Store:
                 details=details or {},
             )
             session.add(evaluation)
+            candidate = session.get(Candidate, candidate_id)
+            if candidate is not None:
+                candidate.status = "evaluated"  # in the same transaction: never evaluated twice after a crash
             session.flush()  # assigns evaluation.id for the timings
             session.add_all(  # sizes None (a shape the client could not size) is stored as {} like the default
                 Timing(**{**timing, "evaluation_id": evaluation.id, "sizes": timing.get("sizes") or {}})
@@ -248,6 +285,21 @@ class Store:
             return evaluation
 
     # --- reads ---
+
+    def get_run(self, run_id: int) -> Run | None:
+        with self._read() as session:
+            return session.get(Run, run_id)
+
+    def get_task(self, task_id: int) -> Task | None:
+        with self._read() as session:
+            return session.get(Task, task_id)
+
+    def run_candidates(self, run_id: int) -> list[tuple[Candidate, Evaluation | None]]:
+        """Every candidate of a run in creation order, with its evaluation (None while queued or failed to propose)."""
+        with self._read() as session:
+            query = (select(Candidate, Evaluation).outerjoin(Evaluation, col(Evaluation.candidate_id) == Candidate.id)
+                     .where(Candidate.run_id == run_id).order_by(col(Candidate.id)))
+            return [(c, e) for c, e in session.exec(query).all()]
 
     def get_candidate(self, candidate_id: int) -> Candidate | None:
         with self._read() as session:

@@ -1,0 +1,277 @@
+"""`appliance optimize`: propose -> evaluate -> select, until a budget runs out, with every step in the database.
+
+Crash safety comes from the order of writes: a proposal is stored as a `queued` candidate before anything runs; its
+evaluation and the candidate's `evaluated` status are written in one transaction. A run killed at any moment
+resumes with `--resume`: finished evaluations stay, queued or in-flight candidates are evaluated (again).
+Pause and stop are status changes in the database (from another process: `appliance pause RUN`), noticed between
+evaluations.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from appliance.db import Store
+from appliance.db.models import Candidate
+from appliance.errors import InfrastructureError
+from appliance.evaluation.pipeline import Outcome, Pipeline
+from appliance.proposers.base import Example, PromptContext, Proposal
+from appliance.search.database import Entry, SearchDatabase, feedback
+from appliance.tasks import Task
+
+
+BARREN_GENERATIONS = 3  # generations in a row without a new candidate to evaluate end the run
+
+
+@dataclass
+class OptimizeConfig:
+    proposer: str = "tune"  # tune | llm
+    max_candidates: int = 20  # evaluated candidates (the seed included)
+    max_gpu_seconds: float | None = None  # wall seconds of evaluation processes on a GPU
+    max_wall_s: float | None = None  # of the run, summed over every session that worked on it
+    max_tokens: int | None = None  # LLM prompt + completion tokens
+    batch: int = 2  # proposals per generation
+    islands: int = 2
+    migrate_every: int = 3  # generations
+    exploit: float = 0.7  # probability that the parent is the island's best rather than a random elite
+    seed: int = 0
+    device: str = "auto"
+    mode: str | None = None
+    timing_budget_s: float = 1.0
+    workers: int = 1  # evaluations at once (one per evaluation GPU on a GPU host)
+    profile: bool = True  # Nsight Compute summary for passing candidates (GPU only)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> OptimizeConfig:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class Summary:
+    run_id: int
+    status: str
+    evaluated: int
+    passed: int
+    proposal_failures: int
+    duplicates: int
+    best: dict | None
+    seed: dict | None
+    usage: dict = field(default_factory=dict)
+
+
+class Optimizer:
+    def __init__(self, store: Store, run_id: int, task: Task, pipelines: list[Pipeline], proposer,
+                 config: OptimizeConfig, work_dir: Path, log: Callable[[str], None] = lambda _: None):
+        self.store, self.run_id, self.task, self.pipelines = store, run_id, task, pipelines
+        self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
+        run = store.get_run(run_id)
+        self.state = dict(run.state or {})
+        self.state.setdefault("generation", 0)
+        self.state.setdefault("migrants", {})
+        self.state.setdefault("elapsed_s", 0.0)
+        self.state.setdefault("gpu_seconds", 0.0)
+        self.state.setdefault("duplicates", 0)
+        # One stream of choices per generation: a resumed run makes the same choices it would have made.
+        self.rng = random.Random(config.seed)
+        work_dir.mkdir(parents=True, exist_ok=True)
+
+    # --- the loop ---
+
+    def run(self) -> Summary:
+        requeued = self.store.requeue_unfinished(self.run_id)
+        if requeued:
+            self.log(f"re-queued {requeued} candidate(s) left unfinished by an earlier session")
+        self.store.update_run(self.run_id, status="running")
+        started = time.monotonic()
+        status = "running"
+        while status == "running":
+            status = self._external_status() or self._budget_status()
+            if status != "running":
+                break
+            queued = [c for c, _ in self.store.run_candidates(self.run_id) if c.status == "queued"]
+            if queued:
+                self.evaluate(queued[: len(self.pipelines)])
+            elif not self._propose_generation():
+                self.state["barren"] = self.state.get("barren", 0) + 1
+                if self.state["barren"] >= BARREN_GENERATIONS:
+                    self.log(f"{BARREN_GENERATIONS} generations in a row gave nothing new to evaluate: finishing")
+                    status = "finished"
+            self.state["elapsed_s"] += time.monotonic() - started
+            started = time.monotonic()
+            self.store.update_run(self.run_id, state=self.state)
+        self.store.update_run(self.run_id, status=status, state=self.state)
+        return self.summary()
+
+    def _external_status(self) -> str | None:
+        status = self.store.get_run(self.run_id).status
+        return status if status in ("paused", "stopped") else None
+
+    def _budget_status(self) -> str:
+        c = self.config
+        rows = self.store.run_candidates(self.run_id)
+        evaluated = sum(1 for cand, e in rows if e is not None)
+        tokens = sum(cand.tokens_in + cand.tokens_out for cand, _ in rows)
+        if evaluated >= c.max_candidates:
+            return "finished"
+        if c.max_gpu_seconds is not None and self.state["gpu_seconds"] >= c.max_gpu_seconds:
+            return "finished"
+        if c.max_wall_s is not None and self.state["elapsed_s"] >= c.max_wall_s:
+            return "finished"
+        if c.max_tokens is not None and tokens >= c.max_tokens:
+            return "finished"
+        return "running"
+
+    # --- evaluation ---
+
+    def evaluate(self, candidates: list[Candidate]) -> None:
+        for c in candidates:
+            self.store.set_candidate_status(c.id, "evaluating")
+        with ThreadPoolExecutor(len(candidates)) as pool:
+            outcomes = list(pool.map(self._evaluate_one, candidates, self.pipelines))
+        for c, outcome in zip(candidates, outcomes):
+            self._record(c, outcome)
+
+    def _evaluate_one(self, candidate: Candidate, pipeline: Pipeline) -> Outcome | InfrastructureError:
+        path = self.work_dir / f"candidate-{candidate.id}.py"
+        path.write_text(candidate.source)
+        try:
+            return pipeline.evaluate(self.task, path)
+        except InfrastructureError as e:  # the worker's fault, not the candidate's: it goes back to the queue
+            return e
+
+    def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError) -> None:
+        if isinstance(outcome, InfrastructureError):
+            self.store.set_candidate_status(candidate.id, "queued")
+            raise outcome
+        o = outcome
+        if o.device == "cuda":
+            self.state["gpu_seconds"] += sum((o.details.get("wall_s") or {}).values())
+        self.store.add_evaluation(
+            candidate.id, self.run_id, verdict=o.verdict, stage=o.stage, reason=o.reason, jailed=o.jailed,
+            device=o.device, mode=o.mode, speedup_vs_eager=o.speedup_vs_eager,
+            speedup_vs_compile=o.speedup_vs_compile, environment=o.environment, details=o.details,
+            timings=[{k: t.get(k) for k in TIMING_KEYS} for t in o.timings])
+        speed = f", {o.speedup_vs_eager:.3g}x vs eager" if o.speedup_vs_eager else ""
+        self.log(f"candidate {candidate.id} ({candidate.proposer}{': ' + candidate.note if candidate.note else ''})"
+                 f": {o.verdict}{speed}")
+
+    # --- proposals ---
+
+    def _propose_generation(self) -> bool:
+        """Propose one generation; False when it queued nothing new to evaluate (only failures or duplicates)."""
+        self.rng = random.Random(f"{self.config.seed}-{self.state['generation']}")
+        db = self._database()
+        generation = self.state["generation"]
+        seen = db.seen_hashes()
+        slots = []  # (island, parent, prompt context): chosen in order, so a seed gives the same choices
+        for slot in range(self.config.batch):
+            island = (generation * self.config.batch + slot) % self.config.islands
+            parent = db.select_parent(island, self.config.exploit)
+            if parent is None:
+                self.log("no passing candidate to build on: the seed candidate failed the gate")
+                return False
+            slots.append((island, parent, self._context(db, parent)))
+        # Every slot's request in flight at once (an LLM answers several prompts in parallel).
+        with ThreadPoolExecutor(len(slots)) as pool:
+            answers = list(pool.map(lambda slot: self._ask(slot[2], 1, set(seen)), slots))
+        queued_any = False
+        for (island, parent, _), proposals in zip(slots, answers):
+            for proposal in proposals:
+                queued = self._store_proposal(proposal, parent, island, generation, seen)
+                queued_any = queued_any or queued
+        self.state["generation"] = generation + 1
+        if queued_any:
+            self.state["barren"] = 0
+        if (generation + 1) % self.config.migrate_every == 0:
+            self.state["migrants"] = self._database().migrate(self.state["migrants"])
+        return queued_any
+
+    def _ask(self, ctx: PromptContext, n: int, seen: set[str]) -> list[Proposal]:
+        try:
+            if getattr(self.proposer, "name", "") == "tune":
+                return self.proposer.propose(ctx, n, seen=seen)
+            return self.proposer.propose(ctx, n)
+        except Exception as exc:  # noqa: BLE001 - a proposer bug costs a recorded failure, never the run
+            return [Proposal(source=None, proposer=getattr(self.proposer, "name", "?"),
+                             failure=f"proposer_error: {type(exc).__name__}: {exc}"[:500])]
+
+    def _store_proposal(self, p: Proposal, parent: Entry, island: int, generation: int, seen: set[str]) -> bool:
+        """Store a proposal: queued for evaluation (True), or a recorded failure / skipped duplicate (False)."""
+        from appliance.proposers.edits import source_hash
+
+        common = dict(parent_id=parent.candidate.id, proposer=p.proposer, island=island, generation=generation,
+                      note=p.note, tokens_in=p.tokens_in, tokens_out=p.tokens_out)
+        if p.source is None:
+            if p.failure and p.failure.startswith("tune_exhausted"):
+                return False  # nothing new is not a failure worth a row
+            self.store.add_candidate(self.run_id, self._task_id(), "", status="proposal_failed",
+                                     failure=p.failure, **common)
+            self.log(f"proposal failed: {(p.failure or '')[:200]}")
+            return False
+        digest = source_hash(p.source)
+        if digest in seen:
+            self.state["duplicates"] += 1
+            return False
+        seen.add(digest)
+        self.store.add_candidate(self.run_id, self._task_id(), p.source, status="queued", **common)
+        return True
+
+    def _context(self, db: SearchDatabase, parent: Entry) -> PromptContext:
+        inspirations = [Example(e.candidate.source, feedback(e), label) for label, e in db.inspirations(parent)]
+        device = "cuda" if self.pipelines[0].jail.gpu is not None else "cpu (Triton interpreter)"
+        return PromptContext(
+            task_name=self.task.name, task_source=self.task.path.read_text(),
+            parent=Example(parent.candidate.source, feedback(parent), "parent"), inspirations=inspirations,
+            history=[feedback(e) for e in db.failures()], backends=list(self.task.manifest.backends), device=device)
+
+    def _database(self) -> SearchDatabase:
+        return SearchDatabase(self.store.run_candidates(self.run_id), self.config.islands, self.state["migrants"],
+                              self.rng)
+
+    def _task_id(self) -> int:
+        return self.store.get_run(self.run_id).task_id
+
+    # --- results ---
+
+    def summary(self) -> Summary:
+        return summarize(self.store, self.run_id, self.state)
+
+
+TIMING_KEYS = ("shape", "sizes", "implementation", "device", "median_ms", "iqr_ms", "min_ms", "reps", "error",
+               "gbps", "tflops", "roofline_fraction", "device_wide_ms", "energy_j_per_call")
+
+
+def summarize(store: Store, run_id: int, state: dict | None = None) -> Summary:
+    run = store.get_run(run_id)
+    state = state if state is not None else dict(run.state or {})
+    rows = store.run_candidates(run_id)
+    entries = [Entry(c, e) for c, e in rows]
+    passed = [e for e in entries if e.passed]
+    best = max(passed, key=lambda e: e.score, default=None)
+    seed = entries[0] if entries else None
+
+    def describe(entry: Entry | None) -> dict | None:
+        if entry is None or entry.evaluation is None:
+            return None
+        e = entry.evaluation
+        return {"candidate_id": entry.candidate.id, "proposer": entry.candidate.proposer, "verdict": e.verdict,
+                "speedup_vs_eager": e.speedup_vs_eager, "speedup_vs_compile": e.speedup_vs_compile,
+                "evaluation_id": e.id, "note": entry.candidate.note}
+
+    tokens = sum(c.tokens_in + c.tokens_out for c, _ in rows)
+    return Summary(run_id=run_id, status=run.status, evaluated=sum(1 for _, e in rows if e is not None),
+                   passed=len(passed), proposal_failures=sum(1 for c, _ in rows if c.status == "proposal_failed"),
+                   duplicates=int(state.get("duplicates", 0)), best=describe(best), seed=describe(seed),
+                   usage={"gpu_seconds": round(state.get("gpu_seconds", 0.0), 1),
+                          "wall_seconds": round(state.get("elapsed_s", 0.0), 1), "llm_tokens": tokens,
+                          "generations": state.get("generation", 0)})
+
+
+def config_dict(config: OptimizeConfig) -> dict:
+    return asdict(config)
