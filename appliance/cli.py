@@ -359,7 +359,7 @@ def _proposer(config: OptimizeConfig):
             raise ApplianceError("the llm proposer needs APPLIANCE_LLM_URL (and APPLIANCE_LLM_MODEL); "
                                  "`appliance optimize --proposer tune` works without one")
         return LLMProposer(LLMSettings(base_url=s.llm_url, model=s.llm_model, api_key=s.llm_api_key,
-                                       seed=config.seed))
+                                       max_tokens=s.llm_max_tokens, seed=config.seed))
     from appliance.proposers.tune import TuneProposer
 
     return TuneProposer(random.Random(config.seed))

@@ -22,6 +22,7 @@ class Settings:
     llm_url: str | None = None  # APPLIANCE_LLM_URL: vLLM's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1
     llm_model: str = ""  # APPLIANCE_LLM_MODEL: the served model name
     llm_api_key: str = "EMPTY"  # APPLIANCE_LLM_API_KEY
+    llm_max_tokens: int = 4096  # APPLIANCE_LLM_MAX_TOKENS: completion tokens per request (prompt + this <= context)
 
     @classmethod
     def load(cls, db_url: str | None = None) -> Settings:
@@ -32,7 +33,8 @@ class Settings:
                    unsafe_no_jail=_truthy(os.environ.get("APPLIANCE_UNSAFE_NO_JAIL")),
                    llm_url=os.environ.get("APPLIANCE_LLM_URL") or None,
                    llm_model=os.environ.get("APPLIANCE_LLM_MODEL", ""),
-                   llm_api_key=os.environ.get("APPLIANCE_LLM_API_KEY", "EMPTY"))
+                   llm_api_key=os.environ.get("APPLIANCE_LLM_API_KEY", "EMPTY"),
+                   llm_max_tokens=int(os.environ.get("APPLIANCE_LLM_MAX_TOKENS", "4096")))
 
     @property
     def jobs_dir(self) -> Path:

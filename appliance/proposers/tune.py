@@ -1,0 +1,279 @@
+"""The tuning proposer: variants of the parent that differ only in the values of its declared tunable constants.
+
+Convention. A candidate declares each tunable as a module-level constant assigned a literal, and one top-level dict
+literal `TUNABLES` listing, in order, the values each constant may take (ints, floats, bools or strings):
+
+    # Tunables: the tuning proposer rewrites these constants.
+    MAX_BLOCK = 4096
+    NUM_WARPS = 8
+    TUNABLES = {"MAX_BLOCK": [1024, 2048, 4096, 8192, 16384], "NUM_WARPS": [2, 4, 8, 16, 32]}
+
+The kernel code reads the constants (`block = min(triton.next_power_of_2(n), MAX_BLOCK)`); it never reads TUNABLES.
+A neighbour of a value is the value one step before or after it in its list, so order the lists by size. A constant
+whose current value is not in its list is allowed (an LLM edit may have set it): its neighbours are the nearest
+listed values on either side (numbers), or every listed value (anything else), and the proposal's note says so.
+
+Everything is read with `ast` and `ast.literal_eval`; candidate code is never executed here. A rewrite replaces only
+the value expressions of the constants' assignments, located by their AST positions, so comments, formatting and
+every other byte of the source stay as they were. A broken declaration raises TuneError with a specific message;
+the proposer turns it, like an exhausted neighbourhood, into a recorded Proposal failure and never raises.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import random
+import re
+
+from appliance.proposers.base import PromptContext, Proposal
+from appliance.proposers.edits import source_hash
+
+DECLARATION = "TUNABLES"
+LITERAL_TYPES = (bool, int, float, str)
+MAX_ENUMERATED = 4096  # search spaces up to this size are enumerated for the random combinations; larger are sampled
+MAX_DRAWS_PER_PROPOSAL = 50
+LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # the line breaks ast counts (not \f, \v or U+2028)
+
+
+class TuneError(ValueError):
+    """Why a source's tunables cannot be read or rewritten (short and specific: it is recorded with the run)."""
+
+
+def read_tunables(source: str) -> dict[str, list]:
+    """The declared tunables, name -> allowed values in order; {} when the source declares no TUNABLES."""
+    tree = _parse(source)
+    node = _declaration(tree)
+    if node is None:
+        return {}
+    try:
+        declared = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise TuneError(f"{DECLARATION} (line {node.lineno}) must hold only literals, like "
+                        f'{{"MAX_BLOCK": [1024, 2048]}}') from None
+    constants = _constants(tree)
+    tunables: dict[str, list] = {}
+    for name, values in declared.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TuneError(f"{DECLARATION} key {name!r} is not a constant name")
+        if not isinstance(values, (list, tuple)) or not values:
+            raise TuneError(f"{DECLARATION}[{name!r}] must be a non-empty list of values")
+        for v in values:
+            _check_literal(v, f"{DECLARATION}[{name!r}]")
+        for a, b in itertools.combinations(values, 2):
+            if _same(a, b):
+                raise TuneError(f"{DECLARATION}[{name!r}] lists {a!r} twice")
+        _constant_node(constants, name)  # raises when the module has no single top-level literal for it
+        tunables[name] = list(values)
+    return tunables
+
+
+def current_values(source: str) -> dict[str, object]:
+    """The current literal value of each declared tunable constant."""
+    tunables = read_tunables(source)
+    constants = _constants(_parse(source))
+    return {name: ast.literal_eval(_constant_node(constants, name).value) for name in tunables}
+
+
+def with_values(source: str, values: dict[str, object]) -> str:
+    """The source with each named top-level constant set to its new value; every other byte is unchanged. Names need
+    a single top-level `NAME = <literal>` assignment but need not be declared in TUNABLES."""
+    constants = _constants(_parse(source))
+    spans = []
+    for name, value in values.items():
+        _check_literal(value, f"new value of {name}")
+        node = _constant_node(constants, name).value
+        spans.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, repr(value)))
+    lines = LINE_RE.findall(source)
+    starts = list(itertools.accumulate((len(line) for line in lines), initial=0))
+
+    def offset(lineno: int, col: int) -> int:  # ast columns count UTF-8 bytes
+        return starts[lineno - 1] + len(lines[lineno - 1].encode("utf-8", "surrogatepass")[:col].decode("utf-8"))
+
+    out = source
+    for lineno, col, end_lineno, end_col, text in sorted(spans, reverse=True):
+        out = out[: offset(lineno, col)] + text + out[offset(end_lineno, end_col) :]
+    return out
+
+
+def neighbours(values: list, current: object) -> list:
+    """The listed values one step before and after `current`; for a value not in the list, the nearest listed
+    values on either side (numbers) or every listed value (anything else)."""
+    index = next((i for i, v in enumerate(values) if _same(v, current)), None)
+    if index is not None:
+        return [values[i] for i in (index - 1, index + 1) if 0 <= i < len(values)]
+    if _is_number(current) and all(_is_number(v) for v in values):
+        below = [v for v in values if v < current]
+        above = [v for v in values if v > current]
+        return ([max(below)] if below else []) + ([min(above)] if above else [])
+    return list(values)
+
+
+class TuneProposer:
+    """Coordinate moves first (one tunable one step from the parent's value, in a random order), then random
+    combinations; never a source whose hash is in `seen` or was already proposed in the same batch."""
+
+    name = "tune"
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+
+    def propose(self, ctx: PromptContext, n: int, seen: set[str] | None = None) -> list[Proposal]:
+        if n <= 0:
+            return []
+        parent = ctx.parent.source
+        try:
+            tunables = read_tunables(parent)
+            current = current_values(parent)
+        except TuneError as e:
+            return [self._failure(f"bad_tunables: {e}")]
+        if not tunables:
+            why = "its TUNABLES dict is empty" if _declaration(ast.parse(parent)) else "it declares no TUNABLES dict"
+            return [self._failure(f"no_tunables: the parent has nothing to tune: {why}")]
+        taken = set(seen or ()) | {source_hash(parent)}
+        proposals: list[Proposal] = []
+
+        def offer(values: dict[str, object]) -> None:
+            source = with_values(parent, values)
+            digest = source_hash(source)
+            if digest not in taken:
+                taken.add(digest)
+                proposals.append(Proposal(source=source, proposer=self.name, mode="tune",
+                                          note=_note(values, current, tunables)))
+
+        moves = [(name, v) for name, values in tunables.items() for v in neighbours(values, current[name])]
+        self.rng.shuffle(moves)
+        for name, value in moves:
+            if len(proposals) >= n:
+                return proposals
+            offer({name: value})
+        for values in self._combinations(tunables, current, n - len(proposals)):
+            if len(proposals) >= n:
+                break
+            offer(values)
+        if proposals:
+            return proposals
+        return [self._failure(f"tune_exhausted: {_exhausted_text(tunables, len(moves), n)} of "
+                              f"{', '.join(tunables)} has been evaluated already")]
+
+    def _combinations(self, tunables: dict[str, list], current: dict[str, object], wanted: int):
+        """Settings that change at least one tunable: all of them in a random order when the space is small,
+        otherwise a bounded number of random draws."""
+        names = list(tunables)
+        size = math.prod(len(v) for v in tunables.values())
+        if size <= MAX_ENUMERATED:
+            combos = list(itertools.product(*tunables.values()))
+            self.rng.shuffle(combos)
+        else:
+            draws = max(wanted, 1) * MAX_DRAWS_PER_PROPOSAL
+            combos = (tuple(self.rng.choice(tunables[name]) for name in names) for _ in range(draws))
+        for combo in combos:
+            changed = {name: v for name, v in zip(names, combo) if not _same(v, current[name])}
+            if changed:
+                yield changed
+
+    def _failure(self, why: str) -> Proposal:
+        return Proposal(source=None, proposer=self.name, failure=why, mode="tune")
+
+
+def _parse(source: str) -> ast.Module:
+    try:
+        return ast.parse(source)
+    except SyntaxError as e:
+        raise TuneError(f"source does not parse: line {e.lineno}: {e.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as e:
+        raise TuneError(f"source does not parse: {type(e).__name__}: {e}"[:200]) from None
+
+
+def _assigned_names(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+        targets = [stmt.target]
+    else:
+        return []
+    names = []
+    for target in targets:
+        names += [t.id for t in ast.walk(target) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)]
+    return names
+
+
+def _declaration(tree: ast.Module) -> ast.Dict | None:
+    stmts = [s for s in tree.body if DECLARATION in _assigned_names(s)]
+    if not stmts:
+        return None
+    if len(stmts) > 1:
+        raise TuneError(f"{DECLARATION} is assigned {len(stmts)} times at top level (lines "
+                        f"{', '.join(str(s.lineno) for s in stmts)}); declare it once")
+    stmt = stmts[0]
+    simple = _simple_target(stmt)
+    if simple != DECLARATION or not isinstance(stmt.value, ast.Dict):
+        raise TuneError(f"{DECLARATION} (line {stmt.lineno}) must be assigned alone a dict literal, like "
+                        f'TUNABLES = {{"MAX_BLOCK": [1024, 2048]}}')
+    return stmt.value
+
+
+def _simple_target(stmt: ast.stmt) -> str | None:
+    """NAME for `NAME = value` or `NAME: T = value`; None for anything else (chained, unpacking, augmented)."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+        return stmt.target.id
+    return None
+
+
+def _constants(tree: ast.Module) -> dict[str, list[ast.stmt]]:
+    """Every top-level statement that assigns each name."""
+    found: dict[str, list[ast.stmt]] = {}
+    for stmt in tree.body:
+        for name in _assigned_names(stmt):
+            found.setdefault(name, []).append(stmt)
+    return found
+
+
+def _constant_node(constants: dict[str, list[ast.stmt]], name: str) -> ast.Assign | ast.AnnAssign:
+    stmts = constants.get(name, [])
+    if not stmts:
+        raise TuneError(f"{name} has no top-level `{name} = <literal>` assignment to rewrite")
+    if len(stmts) > 1:
+        raise TuneError(f"{name} is assigned {len(stmts)} times at top level (lines "
+                        f"{', '.join(str(s.lineno) for s in stmts)}); assign it once")
+    stmt = stmts[0]
+    if _simple_target(stmt) != name:
+        raise TuneError(f"{name} (line {stmt.lineno}) must be assigned alone, as `{name} = <literal>`")
+    try:
+        value = ast.literal_eval(stmt.value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise TuneError(f"{name} (line {stmt.lineno}) is not assigned a literal") from None
+    _check_literal(value, name)
+    return stmt
+
+
+def _check_literal(value: object, where: str) -> None:
+    if not isinstance(value, LITERAL_TYPES):
+        raise TuneError(f"{where}: {value!r} is a {type(value).__name__}; use ints, floats, bools or strings")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise TuneError(f"{where}: {value!r} is not a finite number")
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal and of the same kind: True is not 1, and 4 is not "4"; 4 and 4.0 are the same number."""
+    return isinstance(a, bool) == isinstance(b, bool) and isinstance(a, str) == isinstance(b, str) and a == b
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _note(values: dict[str, object], current: dict[str, object], tunables: dict[str, list]) -> str:
+    note = ", ".join(f"{name} {current[name]!r}->{v!r}" for name, v in values.items())
+    off = [name for name in values if not any(_same(current[name], v) for v in tunables[name])]
+    return note + (f" (parent's {', '.join(off)} not in TUNABLES)" if off else "")
+
+
+def _exhausted_text(tunables: dict[str, list], moves: int, n: int) -> str:
+    size = math.prod(len(v) for v in tunables.values())
+    if size <= MAX_ENUMERATED:
+        return f"every one-step move ({moves}) and every other combination ({size - 1})"
+    return f"every one-step move ({moves}) and all {n * MAX_DRAWS_PER_PROPOSAL} random combinations drawn"

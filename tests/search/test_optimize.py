@@ -1,0 +1,161 @@
+"""The optimisation loop end to end on the CPU: real jail, real Triton kernels under the interpreter, real SQLite.
+Budgets are tiny; what is tested is the path: propose -> evaluate -> select, crash and resume, bad proposals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, candidate
+
+SOFTMAX = REPO / "benchmarks/tasks/softmax.py"
+FAST = ("--device", "cpu", "--timing-budget", "0.05")
+
+
+def optimize(appliance, *args: str) -> tuple[int, dict]:
+    result = appliance("optimize", *args, *FAST, "--json")
+    return result.exit_code, json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def rows(home: Path, query: str) -> list[tuple]:
+    with sqlite3.connect(home / "appliance.db") as db:
+        try:
+            return db.execute(query).fetchall()
+        except sqlite3.OperationalError:  # polled while the other process is still creating the schema
+            return [(0,)]
+
+
+def test_tuner_run_proposes_evaluates_and_keeps_the_best(appliance, home):
+    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "3", "--batch", "2")
+    assert code == 0, summary
+    assert summary["status"] == "finished" and summary["evaluated"] == 3 and summary["passed"] == 3
+    assert summary["seed"]["proposer"] == "seed" and summary["best"]["speedup_vs_eager"] > 0
+    cands = rows(home, "SELECT id, parent_id, proposer, status, note FROM candidate ORDER BY id")
+    assert cands[0][1:3] == (None, "seed")
+    assert all(c[1] == 1 and c[2] == "tune" and "->" in c[4] for c in cands[1:])  # children of the seed
+    assert {c[3] for c in cands} == {"evaluated"}
+    listed = json.loads(appliance("runs", "--json").stdout)
+    assert listed[0]["kind"] == "optimize" and listed[0]["evaluations"] == 3
+
+
+def test_a_run_killed_mid_evaluation_resumes_without_losing_or_repeating_work(appliance, home):
+    env = os.environ | {"APPLIANCE_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, "-m", "appliance", "optimize", str(SOFTMAX), "--max-candidates", "4",
+                             "--batch", "1", *FAST], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:  # kill -9 while the second candidate is being evaluated
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if (home / "appliance.db").exists() and rows(
+                    home, "SELECT count(*) FROM candidate WHERE status = 'evaluating' AND id > 1")[0][0]:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run never reached its second evaluation")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    first = rows(home, "SELECT id, candidate_id, created_at FROM evaluation ORDER BY id")
+    assert len(first) >= 1
+
+    code, summary = optimize(appliance, "--resume", "1")
+    assert code == 0, summary
+    assert summary["evaluated"] == 4 and summary["status"] == "finished"
+    after = rows(home, "SELECT id, candidate_id, created_at FROM evaluation ORDER BY id")
+    assert after[: len(first)] == first  # finished evaluations kept as they were
+    per_candidate = rows(home, "SELECT candidate_id, count(*) FROM evaluation GROUP BY candidate_id")
+    assert all(n == 1 for _, n in per_candidate)  # nothing evaluated twice
+    assert rows(home, "SELECT count(*) FROM candidate WHERE status != 'evaluated'")[0][0] == 0
+
+
+def test_pause_and_stop_are_noticed_and_resume_goes_on(appliance, home):
+    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "1")
+    assert code == 0 and summary["evaluated"] == 1
+    assert appliance("pause", "1").exit_code == 0
+    assert rows(home, "SELECT status FROM run WHERE id = 1") == [("paused",)]
+    # A bigger budget on resume: the run goes on where it was.
+    code, summary = optimize(appliance, "--resume", "1", "--max-candidates", "2")
+    assert summary["evaluated"] == 2 and summary["status"] == "finished"
+    assert appliance("stop", "1").exit_code == 0
+    assert rows(home, "SELECT status FROM run WHERE id = 1") == [("stopped",)]
+
+
+def test_hand_submission_is_evaluated_inside_the_run_and_ranked(appliance, home, tmp_path):
+    optimize(appliance, str(SOFTMAX), "--max-candidates", "1")
+    result = appliance("submit", "1", str(REPO / "benchmarks/baselines/softmax.py"), "--json")
+    # The same source as the seed is still evaluated: a person asked for it.
+    sub = json.loads(result.stdout)
+    assert result.exit_code == 0 and sub["verdict"] == "pass" and sub["rank"] in (1, 2) and sub["passing"] == 2
+    bad = appliance("submit", "1", str(candidate("slightly_off")), "--json")
+    rejected = json.loads(bad.stdout)
+    assert bad.exit_code == 1 and rejected["verdict"] == "wrong_output" and rejected["rank"] is None
+    assert rows(home, "SELECT proposer FROM candidate ORDER BY id") == [("seed",), ("manual",), ("manual",)]
+
+
+class _GarbageLLM(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint whose model answers nonsense (no code, a diff that does not apply)."""
+
+    replies = ["I think the kernel is fine as it is.",
+               "<<<<<<< SEARCH\nthis line is not in the parent\n=======\nx = 1\n>>>>>>> REPLACE\n"]
+    count = 0
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        reply = self.replies[_GarbageLLM.count % len(self.replies)]
+        _GarbageLLM.count += 1
+        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": reply}}],
+                           "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_garbage_from_the_llm_becomes_recorded_failures_and_the_run_ends_cleanly(appliance, home, monkeypatch):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _GarbageLLM)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("APPLIANCE_LLM_URL", f"http://127.0.0.1:{server.server_port}/v1")
+    monkeypatch.setenv("APPLIANCE_LLM_MODEL", "m")
+    try:
+        code, summary = optimize(appliance, str(SOFTMAX), "--proposer", "llm", "--max-candidates", "5")
+    finally:
+        server.shutdown()
+    assert code == 0, summary
+    assert summary["evaluated"] == 1 and summary["proposal_failures"] >= 3  # three barren generations, then done
+    failures = [f for (f,) in rows(home, "SELECT failure FROM candidate WHERE status = 'proposal_failed'")]
+    assert any("no code block" in f for f in failures) and any("SEARCH text not found" in f for f in failures)
+    assert summary["usage"]["llm_tokens"] == 120 * summary["proposal_failures"]
+
+
+@pytest.mark.llm
+def test_llm_proposer_against_real_vllm(appliance, home, monkeypatch):
+    url = os.environ.get("APPLIANCE_TEST_LLM_URL")
+    if not url:
+        pytest.skip("set APPLIANCE_TEST_LLM_URL (scripts/test_llm_server.sh start)")
+    monkeypatch.setenv("APPLIANCE_LLM_URL", url)
+    monkeypatch.setenv("APPLIANCE_LLM_MODEL", os.environ.get("APPLIANCE_TEST_LLM_MODEL", "smollm2-135m"))
+    monkeypatch.setenv("APPLIANCE_LLM_MAX_TOKENS", "256")  # the test model's window is 2,048 tokens
+    code, summary = optimize(appliance, str(SOFTMAX), "--proposer", "llm", "--max-candidates", "3",
+                             "--max-tokens", "20000")
+    assert code == 0, summary
+    assert summary["status"] == "finished" and summary["usage"]["llm_tokens"] > 0
+    # The tiny model's proposals mostly fail: each one is a row, evaluated or a recorded proposal failure.
+    proposed = rows(home, "SELECT status, failure FROM candidate WHERE proposer = 'llm'")
+    assert proposed and all(status in ("evaluated", "proposal_failed") for status, _ in proposed)
+    assert not any("llm_rejected" in (failure or "") for _, failure in proposed), proposed
