@@ -188,8 +188,10 @@ class Pipeline:
 
         ceilings = self._device_ceilings(job, environment) if device == "cuda" else None
         timings = _timing_rows(task, shapes, prepared["timings"], cand["timings"], device, ceilings)
+        main_row = next((t for t in timings if t["shape"] == "main" and t["implementation"] == "candidate"), {})
         details["evidence"] = {"launches_per_call": details["provenance"].get("own_launches"),
-                               "ceilings": ceilings}
+                               "roofline_fraction": main_row.get("roofline_fraction"),
+                               "energy_j_per_call": main_row.get("energy_j_per_call"), "ceilings": ceilings}
         for row in (t for t in timings if t["implementation"] == "candidate"):
             where = f" at shape {row['shape']}"
             if why := evidence.timer_mismatch(row):

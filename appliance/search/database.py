@@ -120,9 +120,12 @@ def feedback(entry: Entry) -> str:
         lines.append(f"speedup {_x(e.speedup_vs_eager)} vs eager, {_x(e.speedup_vs_compile)} vs torch.compile "
                      f"({e.device} timing)")
     details = e.details or {}
-    launches = (details.get("evidence") or {}).get("launches_per_call")
-    if launches is not None:
-        lines.append(f"kernel launches per call: {launches}")
+    evidence = details.get("evidence") or {}
+    if evidence.get("launches_per_call") is not None:
+        lines.append(f"kernel launches per call: {evidence['launches_per_call']}")
+    if evidence.get("roofline_fraction"):
+        lines.append(f"main shape at {evidence['roofline_fraction']:.0%} of the roofline (the GPU's measured "
+                     "bandwidth/FLOP ceilings for the task's bytes and FLOPs)")
     ncu = details.get("ncu") or {}
     if "dram_throughput_pct" in ncu:
         stalls = ", ".join(f"{s['reason']} {s['cycles_per_issue']:.1f}" for s in ncu.get("top_stalls", []))
