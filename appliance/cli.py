@@ -344,7 +344,7 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> lis
         err.print("[bold red]UNSAFE: --unsafe-no-jail: candidates run WITHOUT the jail.[/]")
     settings = EvalSettings(device=dev, mode=config.mode, baselines=("eager", "compile") if dev == "cuda" else ("eager",),
                             timing_budget_s=config.timing_budget_s, jobs_dir=s.jobs_dir, state_dir=s.home,
-                            profile=config.profile and dev == "cuda")
+                            profile=config.profile and dev == "cuda", reuse_inputs=True)
     return [Pipeline(Jail(unsafe_no_jail=unsafe, gpu=g), settings) for g in indices]
 
 

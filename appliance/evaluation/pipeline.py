@@ -11,6 +11,7 @@ broken task (TaskError) or a broken host (InfrastructureError) raises.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -42,6 +43,9 @@ class EvalSettings:
     keep_job_dir: bool = False
     state_dir: Path | None = None  # where per-GPU facts (measured ceilings) are cached between evaluations
     profile: bool = False  # Nsight Compute summary of a passing candidate (GPU only; the loop asks for promising ones)
+    # Keep one task's inputs and baseline timings for the next candidates (a search evaluates many candidates of one
+    # task; drawing and writing gigabytes of inputs again for each is most of an evaluation's time at full size).
+    reuse_inputs: bool = False
 
 
 @dataclass
@@ -88,6 +92,13 @@ class Pipeline:
         self.jail, self.settings = jail, settings
         self.wall_s: dict[str, float] = {}  # seconds per process of the last evaluation
         self._ceilings: dict | None = None
+        self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
+
+    def close(self) -> None:
+        """Remove the inputs kept for reuse."""
+        for inputs_dir, _ in self._prepared.values():
+            shutil.rmtree(inputs_dir, ignore_errors=True)
+        self._prepared.clear()
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
         s = self.settings
@@ -124,6 +135,13 @@ class Pipeline:
         dirs = {k: job / k for k in ("reference", "inputs", "candidate", "outputs", "check")}
         for d in dirs.values():
             d.mkdir()
+        key = "|".join([str(task.path), hashlib.sha256((task.source + task.manifest_text).encode()).hexdigest(), mode,
+                        device, ",".join(s.baselines)])
+        reused = self._prepared.get(key) if s.reuse_inputs else None
+        if reused and reused[0].is_dir():
+            dirs["inputs"] = reused[0]
+        elif s.reuse_inputs:
+            dirs["inputs"] = Path(tempfile.mkdtemp(prefix="inputs-", dir=s.jobs_dir))
         shutil.copy(task.path, dirs["reference"] / "task.py")
         shutil.copy(candidate_path, dirs["candidate"] / "candidate.py")
         shapes = [vars(sh) for sh in task.shapes(mode)]
@@ -138,10 +156,16 @@ class Pipeline:
         }
         task_spec = common | {"task_file": str(dirs["reference"] / "task.py"), "task_display": str(task.path)}
 
-        # 1. Inputs and baselines, from the task's own code.
-        prepared = self._harness(["prepare"], task_spec | {"baselines": list(s.baselines)},
-                                 workdir=dirs["reference"], rw=[dirs["inputs"]], timeout=s.reference_timeout_s,
-                                 task=task)
+        # 1. Inputs and baselines, from the task's own code (or kept from an earlier candidate of this task).
+        if reused and reused[0].is_dir():
+            prepared = reused[1]
+            self.wall_s["prepare"] = 0.0
+        else:
+            prepared = self._harness(["prepare"], task_spec | {"baselines": list(s.baselines)},
+                                     workdir=dirs["reference"], rw=[dirs["inputs"]], timeout=s.reference_timeout_s,
+                                     task=task)
+            if s.reuse_inputs:
+                self._prepared[key] = (dirs["inputs"], prepared)
         environment = prepared["environment"]
         details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": dict(self.wall_s)}
 

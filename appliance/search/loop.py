@@ -88,6 +88,15 @@ class Optimizer:
         if requeued:
             self.log(f"re-queued {requeued} candidate(s) left unfinished by an earlier session")
         self.store.update_run(self.run_id, status="running")
+        try:
+            status = self._loop()
+        finally:
+            for pipeline in self.pipelines:
+                pipeline.close()
+        self.store.update_run(self.run_id, status=status, state=self.state)
+        return self.summary()
+
+    def _loop(self) -> str:
         started = time.monotonic()
         status = "running"
         while status == "running":
@@ -105,8 +114,7 @@ class Optimizer:
             self.state["elapsed_s"] += time.monotonic() - started
             started = time.monotonic()
             self.store.update_run(self.run_id, state=self.state)
-        self.store.update_run(self.run_id, status=status, state=self.state)
-        return self.summary()
+        return status
 
     def _external_status(self) -> str | None:
         status = self.store.get_run(self.run_id).status

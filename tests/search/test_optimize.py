@@ -44,6 +44,9 @@ def test_tuner_run_proposes_evaluates_and_keeps_the_best(appliance, home):
     assert cands[0][1:3] == (None, "seed")
     assert all(c[1] == 1 and c[2] == "tune" and "->" in c[4] for c in cands[1:])  # children of the seed
     assert {c[3] for c in cands} == {"evaluated"}
+    # One task, many candidates: inputs and baselines are prepared once and reused by the later candidates.
+    prepare_s = [json.loads(d)["wall_s"]["prepare"] for (d,) in rows(home, "SELECT details FROM evaluation ORDER BY id")]
+    assert prepare_s[0] > 0 and prepare_s[1:] == [0.0, 0.0]
     listed = json.loads(appliance("runs", "--json").stdout)
     assert listed[0]["kind"] == "optimize" and listed[0]["evaluations"] == 3
 
