@@ -167,7 +167,8 @@ class Pipeline:
             if s.reuse_inputs:
                 self._prepared[key] = (dirs["inputs"], prepared)
         environment = prepared["environment"]
-        details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": dict(self.wall_s)}
+        details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": dict(self.wall_s),
+                   "gpu_index": self.jail.gpu}
 
         # 2. The candidate, which sees its own file and the inputs, nothing else.
         cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py")}
