@@ -226,6 +226,9 @@ class Jail:
         for key in ("LD_LIBRARY_PATH", "CUDA_HOME", "TRITON_PTXAS_PATH", "OMP_NUM_THREADS"):
             if key in os.environ:
                 env[key] = os.environ[key]
+        # One OpenMP thread unless the operator says otherwise: spinning OpenMP workers on cores shared with other
+        # jobs made CPU timings of the same op swing between microseconds and milliseconds.
+        env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
 

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The optimisation loop on bundled tasks: what a tuner run finds, and how many evaluations per GPU-hour it does.
+
+    python benchmarks/optimize_suite.py [--tasks softmax,rmsnorm,layernorm] [--max-candidates 12] [--device auto]
+                                        [--gpus 0] [--max-wall S] [--compare-naive] [--out DIR]
+
+For each task: `appliance optimize benchmarks/tasks/T.py --proposer tune --json` in a fresh APPLIANCE_HOME
+(DIR/T-*), then the seed's and the best's stored timings (`appliance show ID --json`). One Markdown row per task,
+printed as soon as the task is done (also appended to DIR/results.md). --compare-naive evaluates the same candidate
+sources with benchmarks/naive_harness.py (KernelBench-style: one fresh process per candidate, main shape only)
+and shows both throughputs. Evaluations per GPU-hour = evaluated / (wall hours x GPUs used); the naive harness
+uses one GPU (the first of --gpus).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.naive_harness import run_candidates  # noqa: E402
+
+COLUMNS = ["task", "evaluated", "seed ms -> best ms", "best vs eager", "best vs torch.compile", "best roofline %",
+           "best's change", "wall s", "evals / GPU-h", "evals per GPU"]
+NAIVE_COLUMNS = ["naive evals / GPU-h", "appliance / naive"]
+
+
+def appliance(home: Path, *args: str) -> dict:
+    """Run the CLI as a user would; every command used here prints one JSON object on stdout's last line."""
+    env = os.environ | {"APPLIANCE_HOME": str(home)}
+    env.pop("APPLIANCE_DB_URL", None)  # the database must be the SQLite file under home (read below)
+    proc = subprocess.run([sys.executable, "-m", "appliance", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        sys.exit(f"appliance {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def main_timing(home: Path, evaluation_id: int | None) -> dict:
+    """The candidate's timing row on the main shape (the one speedups are quoted for)."""
+    if evaluation_id is None:
+        return {}
+    shown = appliance(home, "show", str(evaluation_id), "--json")
+    return next((t for t in shown["timings"] if t["shape"] == "main" and t["implementation"] == "candidate"), {})
+
+
+def fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def run_task(name: str, args, device: str, out: Path) -> list[str]:
+    home = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out))
+    cmd = ["optimize", str(REPO / "benchmarks/tasks" / f"{name}.py"), "--proposer", "tune",
+           "--max-candidates", str(args.max_candidates), "--json", "--device", device]
+    if device == "cuda":
+        cmd += ["--gpus", args.gpus]
+    if args.max_wall:
+        cmd += ["--max-wall", str(args.max_wall)]
+    t0 = time.perf_counter()
+    summary = appliance(home, *cmd)
+    wall = time.perf_counter() - t0  # around the whole command: start-up and the seed's input preparation count
+    if "error" in summary:
+        return [name, f"error: {summary['error']}"]
+    seed, best = summary.get("seed") or {}, summary.get("best") or {}
+    seed_t, best_t = main_timing(home, seed.get("evaluation_id")), main_timing(home, best.get("evaluation_id"))
+
+    db = sqlite3.connect(home / "appliance.db")
+    per_gpu = Counter(json.loads(d or "{}").get("gpu_index") for (d,) in db.execute(
+        "SELECT details FROM evaluation WHERE run_id = ?", (summary["run_id"],)))
+    sources = db.execute("SELECT id, source FROM candidate WHERE run_id = ? AND status = 'evaluated' ORDER BY id",
+                         (summary["run_id"],)).fetchall()
+    db.close()
+
+    n_gpus = len(args.gpus.split(",")) if device == "cuda" else 1
+    per_gpu_hour = summary["evaluated"] / (wall / 3600) / n_gpus
+    unit = " (CPU)" if device == "cpu" else ""
+    roof = best_t.get("roofline_fraction")
+    row = [name, str(summary["evaluated"]),
+           f"{fmt(seed_t.get('median_ms'), '.4g')} -> {fmt(best_t.get('median_ms'), '.4g')}{unit}",
+           fmt(best.get("speedup_vs_eager"), ".3g", "x"), fmt(best.get("speedup_vs_compile"), ".3g", "x"),
+           fmt(roof * 100 if roof else None, ".0f", "%"), (best.get("note") or "-").replace("|", "\\|"),
+           f"{wall:.0f}", f"{per_gpu_hour:.0f}",
+           ", ".join(f"{'cpu' if g is None else f'gpu {g}'}: {n}" for g, n in sorted(per_gpu.items(), key=str))]
+
+    if args.compare_naive:
+        # The same sources the appliance evaluated, as files, through the KernelBench-style loop on one GPU.
+        files = []
+        for cid, source in sources:
+            path = home / "naive" / f"candidate-{cid}.py"
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(source)
+            files.append(path)
+        naive = run_candidates(REPO / "benchmarks/tasks" / f"{name}.py", files, device,
+                               gpu=int(args.gpus.split(",")[0]), log=lambda line: print(line, file=sys.stderr))
+        ratio = per_gpu_hour / naive["per_hour"] if naive["per_hour"] else None
+        row += [fmt(naive["per_hour"], ".0f"), fmt(ratio, ".2f", "x")]
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default="softmax,rmsnorm,layernorm")
+    parser.add_argument("--max-candidates", type=int, default=12)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--gpus", default="0", help="evaluation GPUs, e.g. 0,1 (cuda only)")
+    parser.add_argument("--max-wall", type=float, help="per task: the run's wall budget, seconds (fits a time slot)")
+    parser.add_argument("--compare-naive", action="store_true")
+    parser.add_argument("--out", type=Path, help="where run databases and results.md go (default: a temp dir)")
+    args = parser.parse_args()
+
+    from appliance.evaluation.pipeline import resolve_device
+
+    device = resolve_device(args.device)  # resolved once, so the appliance and the naive harness agree
+    out = args.out or Path(tempfile.mkdtemp(prefix="optimize-suite-"))
+    out.mkdir(parents=True, exist_ok=True)
+    columns = COLUMNS + (NAIVE_COLUMNS if args.compare_naive else [])
+    header = (f"\nOptimisation loop on {device} (gpus {args.gpus if device == 'cuda' else '-'}), tuner, "
+              f"--max-candidates {args.max_candidates}; run databases under {out}\n\n"
+              f"| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
+    lines = [header]
+    print(header, flush=True)
+    for name in args.tasks.split(","):
+        cells = run_task(name.strip(), args, device, out)
+        row = f"| {' | '.join(cells + ['-'] * (len(columns) - len(cells)))} |"
+        print(row, flush=True)
+        lines.append(row)
+        (out / "results.md").write_text("\n".join(lines) + "\n")  # kept even if a later task is cut off
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
