@@ -205,6 +205,7 @@ def optimize(
     gpus: Annotated[Optional[str], typer.Option(help="Evaluation GPUs, e.g. 1,2 (default: every visible GPU).")] = None,
     unsafe_no_jail: Annotated[bool, typer.Option(
         "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail.")] = False,
+    queue: Annotated[bool, typer.Option("--queue", help="Only create the run; `appliance controller` runs it.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Search for a faster verified kernel: propose -> evaluate -> select until a budget runs out.
@@ -244,6 +245,11 @@ def optimize(
             run = store.add_run(row.id, "optimize", config_dict(config))
             store.add_candidate(run.id, row.id, seed_file.read_text(errors="replace"), path=str(seed_file.resolve()),
                                 proposer="seed", status="queued", island=0, generation=0, note="seed candidate")
+            if queue:
+                store.update_run(run.id, status="queued", config=config_dict(config) | {"controller": True})
+                print(json.dumps({"run_id": run.id, "status": "queued"}) if as_json else
+                      f"run {run.id} queued for `appliance controller`")
+                return
         pipelines = _pipelines(config, gpus, unsafe_no_jail or s.unsafe_no_jail)
         log = (lambda _: None) if as_json else (lambda line: err.print(f"[dim]run {run.id}:[/] {line}",
                                                                         highlight=False))
@@ -253,6 +259,60 @@ def optimize(
     except ApplianceError as e:
         _fail(e, as_json)
     _print_summary(summary, as_json)
+
+
+@app.command()
+def controller(
+    metrics_port: Annotated[int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")] = 9464,
+    metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
+    poll: Annotated[float, typer.Option(help="Seconds between looks at the queue when it is empty.")] = 2.0,
+    unsafe_no_jail: Annotated[bool, typer.Option(
+        "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail.")] = False,
+) -> None:
+    """The daemon: run queued optimize runs (`appliance optimize --queue`, the TUI) one after another on the
+    evaluation GPUs, and serve Prometheus metrics. SIGTERM finishes the evaluation in flight, puts the run back in
+    the queue and exits."""
+    import signal
+    import threading
+
+    from appliance.metrics import Metrics
+    from appliance.search.loop import Optimizer
+
+    s = state.settings
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    metrics = Metrics()
+    if metrics_port:
+        try:
+            metrics.serve(metrics_port, metrics_addr)
+        except OSError as e:
+            err.print(f"[bold red]error:[/] cannot serve metrics on {metrics_addr}:{metrics_port}: {e} "
+                      "(another controller? pick --metrics-port)")
+            raise typer.Exit(3)
+    store = _store()
+    for run in store.runs_with_status("running"):  # left running by a controller that died: queue them again
+        if run.config.get("controller"):
+            store.update_run(run.id, status="queued")
+    err.print(f"controller: metrics on :{metrics_port}, database {s.db_url}", highlight=False)
+    while not stop.is_set():
+        queued = store.runs_with_status("queued")
+        if not queued:
+            stop.wait(poll)
+            continue
+        run = queued[0]
+        try:
+            config = OptimizeConfig.from_dict(run.config)
+            optimizer = Optimizer(store, run.id, _task_of_run(store, run), _pipelines(config, None, unsafe_no_jail),
+                                  _proposer(config), config, s.home / "runs" / str(run.id),
+                                  log=lambda line, rid=run.id: err.print(f"run {rid}: {line}", highlight=False),
+                                  metrics=metrics, should_stop=stop.is_set)
+            summary = optimizer.run()
+            err.print(f"run {run.id}: {summary.status}", highlight=False)
+        except ApplianceError as e:  # a broken task or host fails this run, not the controller
+            store.update_run(run.id, status="failed")
+            err.print(f"run {run.id} failed: {e}", highlight=False)
+    err.print("controller: stopped", highlight=False)
 
 
 @app.command()

@@ -25,7 +25,7 @@ from sqlmodel import Session, col, select
 from appliance.db.models import Candidate, Evaluation, Run, Task, Timing, utc_now
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-RUN_STATUSES = ("created", "running", "paused", "stopped", "finished", "failed")
+RUN_STATUSES = ("created", "queued", "running", "paused", "stopped", "finished", "failed")
 PASS = "pass"
 
 # Execution option read by the SQLite "begin" hook: writers take the write lock when they begin.
@@ -289,6 +289,12 @@ class Store:
     def get_run(self, run_id: int) -> Run | None:
         with self._read() as session:
             return session.get(Run, run_id)
+
+    def runs_with_status(self, status: str, kind: str = "optimize") -> list[Run]:
+        """Oldest first: the controller works through queued runs in the order they were created."""
+        with self._read() as session:
+            query = select(Run).where(Run.status == status, Run.kind == kind).order_by(col(Run.id))
+            return list(session.exec(query).all())
 
     def get_task(self, task_id: int) -> Task | None:
         with self._read() as session:

@@ -20,6 +20,7 @@ from appliance.db import Store
 from appliance.db.models import Candidate
 from appliance.errors import InfrastructureError
 from appliance.evaluation.pipeline import Outcome, Pipeline
+from appliance.metrics import EnergyCounter, Metrics
 from appliance.proposers.base import Example, PromptContext, Proposal
 from appliance.search.database import Entry, SearchDatabase, feedback
 from appliance.tasks import Task
@@ -67,9 +68,15 @@ class Summary:
 
 class Optimizer:
     def __init__(self, store: Store, run_id: int, task: Task, pipelines: list[Pipeline], proposer,
-                 config: OptimizeConfig, work_dir: Path, log: Callable[[str], None] = lambda _: None):
+                 config: OptimizeConfig, work_dir: Path, log: Callable[[str], None] = lambda _: None,
+                 metrics: Metrics | None = None, should_stop: Callable[[], bool] = lambda: False):
         self.store, self.run_id, self.task, self.pipelines = store, run_id, task, pipelines
         self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
+        self.metrics, self.should_stop = metrics, should_stop
+        self.energy = {id(p): EnergyCounter(p.jail.gpu) for p in pipelines}
+        if metrics:
+            for p in pipelines:
+                metrics.worker_up(p.jail.gpu)
         run = store.get_run(run_id)
         self.state = dict(run.state or {})
         self.state.setdefault("generation", 0)
@@ -101,9 +108,13 @@ class Optimizer:
         status = "running"
         while status == "running":
             status = self._external_status() or self._budget_status()
+            if status == "running" and self.should_stop():
+                status = "queued"  # the controller is shutting down: the run goes back to its queue
             if status != "running":
                 break
             queued = [c for c, _ in self.store.run_candidates(self.run_id) if c.status == "queued"]
+            if self.metrics:
+                self.metrics.queue_depth.set(len(queued))
             if queued:
                 self.evaluate(queued[: len(self.pipelines)])
             elif not self._propose_generation():
@@ -145,19 +156,27 @@ class Optimizer:
         for c, outcome in zip(candidates, outcomes):
             self._record(c, outcome)
 
-    def _evaluate_one(self, candidate: Candidate, pipeline: Pipeline) -> Outcome | InfrastructureError:
+    def _evaluate_one(self, candidate: Candidate, pipeline: Pipeline) -> tuple[Outcome | InfrastructureError, dict]:
         path = self.work_dir / f"candidate-{candidate.id}.py"
         path.write_text(candidate.source)
+        meter = self.energy[id(pipeline)]
+        before = meter.millijoules()
         try:
-            return pipeline.evaluate(self.task, path)
+            outcome = pipeline.evaluate(self.task, path)
         except InfrastructureError as e:  # the worker's fault, not the candidate's: it goes back to the queue
-            return e
+            return e, {}
+        after = meter.millijoules()
+        joules = (after - before) / 1e3 if before is not None and after is not None else None
+        return outcome, {"gpu": pipeline.jail.gpu, "joules": joules}
 
-    def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError) -> None:
+    def _record(self, candidate: Candidate, result: tuple[Outcome | InfrastructureError, dict]) -> None:
+        outcome, where = result
         if isinstance(outcome, InfrastructureError):
             self.store.set_candidate_status(candidate.id, "queued")
             raise outcome
         o = outcome
+        if self.metrics:
+            self.metrics.evaluation(o, candidate.proposer, where["gpu"], where["joules"])
         if o.device == "cuda":
             self.state["gpu_seconds"] += sum((o.details.get("wall_s") or {}).values())
         self.store.add_evaluation(
@@ -165,6 +184,9 @@ class Optimizer:
             device=o.device, mode=o.mode, speedup_vs_eager=o.speedup_vs_eager,
             speedup_vs_compile=o.speedup_vs_compile, environment=o.environment, details=o.details,
             timings=[{k: t.get(k) for k in TIMING_KEYS} for t in o.timings])
+        if self.metrics and o.passed:
+            best = summarize(self.store, self.run_id, self.state).best or {}
+            self.metrics.best(self.run_id, best.get("speedup_vs_eager"), best.get("speedup_vs_compile"))
         speed = f", {o.speedup_vs_eager:.3g}x vs eager" if o.speedup_vs_eager else ""
         self.log(f"candidate {candidate.id} ({candidate.proposer}{': ' + candidate.note if candidate.note else ''})"
                  f": {o.verdict}{speed}")
@@ -215,6 +237,8 @@ class Optimizer:
 
         common = dict(parent_id=parent.candidate.id, proposer=p.proposer, island=island, generation=generation,
                       note=p.note, tokens_in=p.tokens_in, tokens_out=p.tokens_out)
+        if self.metrics:
+            self.metrics.proposal(p, failed=p.source is None and not (p.failure or "").startswith("tune_exhausted"))
         if p.source is None:
             if p.failure and p.failure.startswith("tune_exhausted"):
                 return False  # nothing new is not a failure worth a row

@@ -1,0 +1,71 @@
+"""The controller daemon: runs a queued optimize run and serves Prometheus metrics, scraped live over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import REPO
+
+SOFTMAX = REPO / "benchmarks/tasks/softmax.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def run_status(home, run_id: int) -> str:
+    with sqlite3.connect(home / "appliance.db") as db:
+        return db.execute("SELECT status FROM run WHERE id = ?", (run_id,)).fetchone()[0]
+
+
+def test_controller_runs_a_queued_run_and_serves_metrics(appliance, home):
+    queued = appliance("optimize", str(SOFTMAX), "--queue", "--max-candidates", "2", "--device", "cpu",
+                       "--timing-budget", "0.05", "--json")
+    run_id = json.loads(queued.stdout)["run_id"]
+    assert run_status(home, run_id) == "queued"
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "appliance", "controller", "--metrics-port", str(port),
+                             "--metrics-addr", "127.0.0.1", "--poll", "0.2"],
+                            env=os.environ | {"APPLIANCE_HOME": str(home)}, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while run_status(home, run_id) != "finished":
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the controller did not finish the run"
+            time.sleep(0.5)
+        metrics = scrape(port)
+        assert metrics[("appliance_candidates_total", (("proposer", "seed"), ("verdict", "pass")))] == 1
+        assert metrics[("appliance_candidates_total", (("proposer", "tune"), ("verdict", "pass")))] == 1
+        assert metrics[("appliance_evaluation_seconds_count", (("stage", "candidate"),))] == 2
+        assert metrics[("appliance_evaluation_seconds_count", (("stage", "prepare"),))] == 1  # reused afterwards
+        assert metrics[("appliance_workers_up", (("gpu", "cpu"),))] == 1
+        # No GPU here: GPU seconds and energy are exported, and 0 (never invented).
+        assert metrics[("appliance_gpu_seconds_total", (("gpu", "cpu"),))] == 0
+        assert metrics[("appliance_energy_joules_total", (("gpu", "cpu"),))] == 0
+        assert metrics[("appliance_run_best_speedup", (("baseline", "eager"), ("run", str(run_id))))] > 0
+        assert ("appliance_queue_depth", ()) in metrics
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "controller: stopped" in out
