@@ -541,13 +541,18 @@ def show(
 
 
 @app.command()
-def doctor(as_json: JsonFlag = False) -> None:
-    """Check what this host provides for jailed evaluation (bwrap, seccomp, cgroups, GPU, database).
+def doctor(
+    as_json: JsonFlag = False,
+    metrics_port: Annotated[int, typer.Option(help="Check that this port is free for the controller (0: skip).")] = 9464,
+) -> None:
+    """Check this host: jail (bwrap, seccomp, cgroups, user namespaces), GPUs and their roles, torch/triton,
+    database, LLM endpoint (APPLIANCE_LLM_URL), metrics port.
 
-    Exits 3 when candidates cannot be jailed or evaluated here."""
+    Exits 3 when candidates cannot be jailed or evaluated here, or a configured LLM endpoint does not answer."""
     from appliance import doctor as checks
 
-    results = checks.run_checks(state.settings.db_url)
+    s = state.settings
+    results = checks.run_checks(s.db_url, s.llm_url, s.llm_model, metrics_port or None)
     report = checks.as_json(results)
     if as_json:
         print(json.dumps(report))

@@ -18,8 +18,13 @@ class Check:
     required: bool = True  # a failed required check means candidates cannot be evaluated here
 
 
-def run_checks(db_url: str) -> list[Check]:
-    return [_bwrap(), _seccomp(), _jail(), _cgroups(), _userns(), _torch(), _gpu(), _database(db_url)]
+def run_checks(db_url: str, llm_url: str | None = None, llm_model: str = "", metrics_port: int | None = None
+               ) -> list[Check]:
+    checks = [_bwrap(), _seccomp(), _jail(), _cgroups(), _userns(), _torch(), _gpu(), _gpu_roles(llm_url),
+              _database(db_url), _llm(llm_url, llm_model)]
+    if metrics_port:
+        checks.append(_metrics_port(metrics_port))
+    return checks
 
 
 def enforced() -> list[str]:
@@ -124,3 +129,52 @@ def _database(url: str) -> Check:
 def as_json(checks: list[Check]) -> dict:
     return {"ok": all(c.ok or not c.required for c in checks), "checks": [asdict(c) for c in checks],
             "enforced": enforced()}
+
+
+def _gpu_roles(llm_url: str | None) -> Check:
+    """Which GPU serves the model and which evaluate: APPLIANCE_LLM_GPU (default 0 when a local LLM is configured)
+    and every other GPU evaluates."""
+    try:
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        count = 0
+    if count == 0:
+        return Check("GPU roles", True, "no GPU: the LLM (if any) is remote or on the CPU; evaluations on the CPU",
+                     required=False)
+    llm_gpu = os.environ.get("APPLIANCE_LLM_GPU", "0" if llm_url and "127.0.0.1" in llm_url else "")
+    names = [torch.cuda.get_device_name(i) for i in range(count)]
+    roles = [f"GPU {i} ({name}): {'LLM (vLLM)' if str(i) == llm_gpu else 'evaluation'}"
+             for i, name in enumerate(names)]
+    evaluation = [i for i in range(count) if str(i) != llm_gpu]
+    ok = bool(evaluation)
+    return Check("GPU roles", ok, "; ".join(roles), "" if ok else
+                 "every GPU serves the LLM: leave at least one for evaluation (APPLIANCE_LLM_GPU)", required=False)
+
+
+def _llm(url: str | None, model: str) -> Check:
+    if not url:
+        return Check("LLM endpoint", True, "APPLIANCE_LLM_URL not set: `optimize` uses the tuning proposer",
+                     required=False)
+    from appliance.proposers.llm import LLMSettings, check_endpoint
+
+    problems = check_endpoint(LLMSettings(base_url=url, model=model, timeout_s=20, max_tokens=16))
+    if problems:
+        return Check("LLM endpoint", False, f"{url}: {problems[0]}",
+                     "start it: `appliance model serve PROFILE` (or systemctl start appliance-vllm); "
+                     "`appliance model check` says more")
+    return Check("LLM endpoint", True, f"{url} serves {model!r} and completes a test prompt")
+
+
+def _metrics_port(port: int) -> Check:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as e:
+            return Check("metrics port", False, f"port {port} is taken ({e.strerror}): a running controller, or "
+                         "another service", "stop the other service or use `appliance controller --metrics-port`",
+                         required=False)
+    return Check("metrics port", True, f"port {port} is free for `appliance controller`", required=False)

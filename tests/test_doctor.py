@@ -23,3 +23,30 @@ def test_doctor_exits_non_zero_with_a_fix_when_candidates_cannot_be_jailed(appli
     assert not checks["bubblewrap"]["ok"] and "apt-get install bubblewrap" in checks["bubblewrap"]["fix"]
     human = appliance("doctor")
     assert human.exit_code == 3 and "FAIL" in human.stdout
+
+
+def test_doctor_fails_with_a_hint_when_the_configured_llm_does_not_answer(appliance, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("APPLIANCE_LLM_URL", f"http://127.0.0.1:{port}/v1")
+    monkeypatch.setenv("APPLIANCE_LLM_MODEL", "some-model")
+    result = appliance("doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert result.exit_code == 3
+    assert not checks["LLM endpoint"]["ok"] and "appliance model serve" in checks["LLM endpoint"]["fix"]
+
+
+def test_doctor_warns_when_the_metrics_port_is_taken(appliance):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = appliance("doctor", "--json", "--metrics-port", str(port))
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert not checks["metrics port"]["ok"] and "taken" in checks["metrics port"]["detail"]
+    assert result.exit_code == 0  # a warning: a running controller holds its own port
