@@ -69,3 +69,18 @@ def test_controller_runs_a_queued_run_and_serves_metrics(appliance, home):
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "controller: stopped" in out
+
+
+def test_grafana_dashboard_queries_only_metrics_the_controller_exports():
+    import re
+
+    from appliance.metrics import Metrics
+
+    exported = set()
+    for family in Metrics().registry.collect():
+        exported |= {family.name, f"{family.name}_total", f"{family.name}_bucket", f"{family.name}_count",
+                     f"{family.name}_sum"}
+    dashboard = json.loads((REPO / "systemd/grafana-dashboard.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"\bappliance_[a-z_]+", target["expr"])}
+    assert used and used <= exported, used - exported
