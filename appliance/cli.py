@@ -18,15 +18,18 @@ from rich.table import Table
 from appliance.config import Settings
 from appliance.errors import ApplianceError
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
+from appliance.model_cli import model_app
 from appliance.search.loop import TIMING_KEYS, OptimizeConfig, Summary
 from appliance.tasks import load_task
 
 app = typer.Typer(help="Kernel Optimizer Appliance: verified GPU kernel speedups, on your own hardware.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app.add_typer(model_app, name="model")  # appliance model serve|check|list
 out = Console()
 err = Console(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+
 
 
 class State:
