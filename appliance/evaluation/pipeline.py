@@ -22,6 +22,7 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
@@ -93,6 +94,9 @@ class Pipeline:
         self.wall_s: dict[str, float] = {}  # seconds per process of the last evaluation
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
+        # With settings.profile: which passing candidates get an Nsight Compute run (given the speedup vs eager).
+        # A search profiles only new bests: a profile costs about as much as the evaluation itself.
+        self.profile_if: Callable[[float | None], bool] | None = None
 
     def close(self) -> None:
         """Remove the inputs kept for reuse."""
@@ -226,9 +230,9 @@ class Pipeline:
                                           row["median_ms"]):
                 return Outcome(**base | dict(verdict="impossible", stage="timing", reason=why + where),
                                timings=timings, environment=environment, details=details)
-        if s.profile and device == "cuda":
-            details["ncu"] = self._profile(dirs, spec_path)
         main = {t["implementation"]: t for t in timings if t["shape"] == "main"}
+        if s.profile and device == "cuda" and (self.profile_if is None or self.profile_if(_speedup(main, "eager"))):
+            details["ncu"] = self._profile(dirs, spec_path)
         return Outcome(**base | dict(reason=_pass_reason(main, device)), timings=timings,
                        speedup_vs_eager=_speedup(main, "eager"), speedup_vs_compile=_speedup(main, "compile"),
                        environment=environment, details=details)

@@ -74,6 +74,8 @@ class Optimizer:
         self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
         self.metrics, self.should_stop = metrics, should_stop
         self.energy = {id(p): EnergyCounter(p.jail.gpu) for p in pipelines}
+        for p in pipelines:
+            p.profile_if = self._beats_best
         if metrics:
             for p in pipelines:
                 metrics.worker_up(p.jail.gpu)
@@ -168,6 +170,10 @@ class Optimizer:
         after = meter.millijoules()
         joules = (after - before) / 1e3 if before is not None and after is not None else None
         return outcome, {"gpu": pipeline.jail.gpu, "joules": joules}
+
+    def _beats_best(self, speedup: float | None) -> bool:
+        best = summarize(self.store, self.run_id, self.state).best
+        return bool(speedup) and (best is None or speedup > (best.get("speedup_vs_eager") or 0))
 
     def _record(self, candidate: Candidate, result: tuple[Outcome | InfrastructureError, dict]) -> None:
         outcome, where = result
