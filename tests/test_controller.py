@@ -84,3 +84,43 @@ def test_grafana_dashboard_queries_only_metrics_the_controller_exports():
     used = {name for panel in dashboard["panels"] for target in panel["targets"]
             for name in re.findall(r"\bappliance_[a-z_]+", target["expr"])}
     assert used and used <= exported, used - exported
+
+
+def test_sigterm_finishes_the_evaluation_in_flight_and_a_new_controller_completes_the_run(appliance, home):
+    queued = appliance("optimize", str(SOFTMAX), "--queue", "--max-candidates", "3", "--batch", "1",
+                       "--device", "cpu", "--timing-budget", "0.05", "--json")
+    run_id = json.loads(queued.stdout)["run_id"]
+
+    def start():
+        return subprocess.Popen([sys.executable, "-m", "appliance", "controller", "--metrics-port", "0",
+                                 "--poll", "0.2"], env=os.environ | {"APPLIANCE_HOME": str(home)}, cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def evaluating() -> int:
+        with sqlite3.connect(home / "appliance.db") as db:
+            return db.execute("SELECT count(*) FROM candidate WHERE status = 'evaluating'").fetchone()[0]
+
+    proc = start()
+    try:
+        deadline = time.monotonic() + 240
+        while not evaluating():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert run_status(home, run_id) == "queued" and evaluating() == 0  # the one in flight was finished, not lost
+
+    proc = start()
+    try:
+        deadline = time.monotonic() + 300
+        while run_status(home, run_id) != "finished":
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=120)
+    with sqlite3.connect(home / "appliance.db") as db:
+        per_candidate = db.execute("SELECT candidate_id, count(*) FROM evaluation GROUP BY candidate_id").fetchall()
+    assert len(per_candidate) == 3 and all(n == 1 for _, n in per_candidate)
