@@ -20,7 +20,7 @@ from appliance.config import Settings
 from appliance.errors import ApplianceError
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
 from appliance.model_cli import model_app
-from appliance.search.loop import TIMING_KEYS, OptimizeConfig, Summary
+from appliance.search.loop import OptimizeConfig, Summary
 from appliance.tasks import load_task
 
 app = typer.Typer(help="Kernel Optimizer Appliance: verified GPU kernel speedups, on your own hardware.",
@@ -120,12 +120,7 @@ def _record(task, candidate: Path, outcome: Outcome, settings: EvalSettings) -> 
     run = store.add_run(row.id, "eval", {"device": outcome.device, "mode": outcome.mode,
                                          "baselines": list(settings.baselines)})
     cand = store.add_candidate(run.id, row.id, candidate.read_text(errors="replace"), path=str(candidate.resolve()))
-    ev = store.add_evaluation(
-        cand.id, run.id, verdict=outcome.verdict, stage=outcome.stage, reason=outcome.reason, jailed=outcome.jailed,
-        device=outcome.device, mode=outcome.mode, speedup_vs_eager=outcome.speedup_vs_eager,
-        speedup_vs_compile=outcome.speedup_vs_compile, environment=outcome.environment, details=outcome.details,
-        timings=[{k: t.get(k) for k in TIMING_KEYS} for t in outcome.timings],
-    )
+    ev = store.add_outcome(cand.id, run.id, outcome)
     store.finish_run(run.id, "finished")
     return ev.id, run.id
 

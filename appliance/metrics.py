@@ -77,24 +77,3 @@ class Metrics:
 
 def _gpu(gpu: int | None) -> str:
     return "cpu" if gpu is None else str(gpu)
-
-
-class EnergyCounter:
-    """NVML's total-energy counter of one GPU, read by the controller around each evaluation (trusted side)."""
-
-    def __init__(self, gpu: int | None):
-        self._read = None
-        if gpu is None:
-            return
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
-            pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
-            self._read = lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
-        except Exception:  # noqa: BLE001 - no NVML or no counter: energy stays unreported (0)
-            self._read = None
-
-    def millijoules(self) -> int | None:
-        return self._read() if self._read else None

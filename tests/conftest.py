@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,23 @@ def softmax_task() -> Path:
 
 def candidate(name: str) -> Path:
     return FIXTURES / "candidates" / f"{name}.py"
+
+
+@pytest.fixture
+def fake_llm():
+    """Starts tests.fake_llm.FakeLLM servers (arguments as FakeLLM's); all are stopped after the test."""
+    from tests.fake_llm import FakeLLM
+
+    servers = []
+
+    def start(*behaviours, **kw) -> FakeLLM:
+        server = FakeLLM(*behaviours, **kw)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.release.set()
+        server.shutdown()
+        server.server_close()

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from typer.testing import CliRunner
@@ -165,69 +164,16 @@ def test_list_shows_a_broken_profile_beside_the_good_ones(tmp_path, monkeypatch)
     with pytest.raises(ProfileError, match="available in .*: bad, good"):
         load_profile("nope")
 
-class FakeVLLM(ThreadingHTTPServer):
-    """Just enough of vLLM's API: /health (or 404 without it), /v1/models with max_model_len, chat completions."""
-
-    def __init__(self, health: bool = True):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.health = health
-        self.url = f"http://127.0.0.1:{self.server_port}/v1"
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeVLLM
-
-    def log_message(self, *args):
-        pass
-
-    def _json(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        if self.path == "/health" and self.server.health:
-            self._json(200, {})
-        elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "t",
-                                                         "max_model_len": 4096}]})
-        else:
-            self._json(404, {"detail": "Not Found"})
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        choice = {"index": 0, "message": {"role": "assistant", "content": "OK"}, "finish_reason": "length"}
-        self._json(200, {"id": "c", "object": "chat.completion", "created": 0, "model": "fake", "choices": [choice]})
-
-
-@pytest.fixture
-def fake():
-    servers = []
-
-    def start(**kw) -> FakeVLLM:
-        servers.append(FakeVLLM(**kw))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.shutdown()
-        s.server_close()
-
-
-def test_check_reports_missing_health(fake):
-    server = fake(health=False)
+def test_check_reports_missing_health(fake_llm):
+    server = fake_llm(health=False)
     result = model("check", "--url", server.url, "--model", "fake", "--timeout", "5")
     assert result.exit_code == 1
     assert "no vLLM server" in result.stderr and "/health" in result.stderr
     assert "appliance model serve PROFILE" in result.stderr  # the fix
 
 
-def test_check_passes_and_reports_window_and_model(fake, monkeypatch):
-    server = fake()
+def test_check_passes_and_reports_window_and_model(fake_llm, monkeypatch):
+    server = fake_llm(max_model_len=4096)
     result = model("check", "--url", server.url, "--model", "fake", "--max-tokens", "1024")
     assert result.exit_code == 0, result.output
     assert "ok:" in result.stdout

@@ -204,6 +204,16 @@ class Store:
             session.add(candidate)
             return candidate
 
+    def add_outcome(self, candidate_id: int, run_id: int, outcome: Any) -> Evaluation:
+        """Store a pipeline Outcome (appliance/evaluation/pipeline.py): the verdict, its evidence and, of each timing
+        row, the numbers the timing table has columns for."""
+        o = outcome
+        return self.add_evaluation(
+            candidate_id, run_id, verdict=o.verdict, stage=o.stage, reason=o.reason, jailed=o.jailed,
+            device=o.device, mode=o.mode, speedup_vs_eager=o.speedup_vs_eager,
+            speedup_vs_compile=o.speedup_vs_compile, environment=o.environment, details=o.details,
+            timings=[{k: t.get(k) for k in _TIMING_FIELDS} for t in o.timings])
+
     def set_candidate_status(self, candidate_id: int, status: str) -> None:
         with self._write() as session:
             candidate = session.get(Candidate, candidate_id)

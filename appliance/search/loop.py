@@ -20,7 +20,8 @@ from appliance.db import Store
 from appliance.db.models import Candidate
 from appliance.errors import InfrastructureError
 from appliance.evaluation.pipeline import Outcome, Pipeline
-from appliance.metrics import EnergyCounter, Metrics
+from appliance.metrics import Metrics
+from sandbox.harness.energy import EnergyMeter
 from appliance.proposers.base import Example, PromptContext, Proposal
 from appliance.search.database import Entry, SearchDatabase, feedback
 from appliance.tasks import Task
@@ -73,7 +74,8 @@ class Optimizer:
         self.store, self.run_id, self.task, self.pipelines = store, run_id, task, pipelines
         self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
         self.metrics, self.should_stop = metrics, should_stop
-        self.energy = {id(p): EnergyCounter(p.jail.gpu) for p in pipelines}
+        # NVML energy of each evaluation GPU, read on the trusted side around each evaluation (none on a CPU host).
+        self.energy = {id(p): EnergyMeter(p.jail.gpu) if p.jail.gpu is not None else None for p in pipelines}
         for p in pipelines:
             p.profile_if = self._beats_best
         if metrics:
@@ -162,12 +164,12 @@ class Optimizer:
         path = self.work_dir / f"candidate-{candidate.id}.py"
         path.write_text(candidate.source)
         meter = self.energy[id(pipeline)]
-        before = meter.millijoules()
+        before = meter.millijoules() if meter else None
         try:
             outcome = pipeline.evaluate(self.task, path)
         except InfrastructureError as e:  # the worker's fault, not the candidate's: it goes back to the queue
             return e, {}
-        after = meter.millijoules()
+        after = meter.millijoules() if meter else None
         joules = (after - before) / 1e3 if before is not None and after is not None else None
         return outcome, {"gpu": pipeline.jail.gpu, "joules": joules}
 
@@ -185,11 +187,7 @@ class Optimizer:
             self.metrics.evaluation(o, candidate.proposer, where["gpu"], where["joules"])
         if o.device == "cuda":
             self.state["gpu_seconds"] += sum((o.details.get("wall_s") or {}).values())
-        self.store.add_evaluation(
-            candidate.id, self.run_id, verdict=o.verdict, stage=o.stage, reason=o.reason, jailed=o.jailed,
-            device=o.device, mode=o.mode, speedup_vs_eager=o.speedup_vs_eager,
-            speedup_vs_compile=o.speedup_vs_compile, environment=o.environment, details=o.details,
-            timings=[{k: t.get(k) for k in TIMING_KEYS} for t in o.timings])
+        self.store.add_outcome(candidate.id, self.run_id, o)
         if self.metrics and o.passed:
             best = summarize(self.store, self.run_id, self.state).best or {}
             self.metrics.best(self.run_id, best.get("speedup_vs_eager"), best.get("speedup_vs_compile"))
@@ -279,10 +277,6 @@ class Optimizer:
 
     def summary(self) -> Summary:
         return summarize(self.store, self.run_id, self.state)
-
-
-TIMING_KEYS = ("shape", "sizes", "implementation", "device", "median_ms", "iqr_ms", "min_ms", "reps", "error",
-               "gbps", "tflops", "roofline_fraction", "device_wide_ms", "energy_j_per_call")
 
 
 def summarize(store: Store, run_id: int, state: dict | None = None) -> Summary:

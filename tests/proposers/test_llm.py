@@ -3,12 +3,9 @@ serving SmolLM2-135M on the CPU, started by scripts/test_llm_server.sh."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -16,6 +13,7 @@ from appliance.errors import ApplianceError
 from appliance.proposers.base import Example, PromptContext
 from appliance.proposers.llm import LLMProposer, LLMSettings, check_endpoint, load_templates
 from tests.conftest import FIXTURES
+from tests.fake_llm import completion
 
 PARENT = """import torch
 import torch.nn as nn
@@ -36,92 +34,6 @@ DIFF_REPLY = """Compute the softmax by hand so it can become a kernel later.
 """
 
 
-def completion(content: str, finish: str = "stop") -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
-    return {"id": "cmpl-1", "object": "chat.completion", "created": 0, "model": "fake", "choices": [choice],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
-
-
-class FakeLLM(ThreadingHTTPServer):
-    """Answers each chat request with the next behaviour (the last one repeats): "hang", "drop" (close without an
-    answer), an HTTP status code, a JSON body (dict) or an HTML one (other str). Records the requests and how many were in flight at once."""
-
-    def __init__(self, *behaviours, delay_s: float = 0.0):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.behaviours, self.delay_s = list(behaviours), delay_s
-        self.requests: list[dict] = []
-        self.in_flight = self.max_in_flight = 0
-        self.lock, self.release = threading.Lock(), threading.Event()
-        self.url = f"http://127.0.0.1:{self.server_port}/v1"
-
-    def next(self):
-        with self.lock:
-            return self.behaviours.pop(0) if len(self.behaviours) > 1 else self.behaviours[0]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeLLM
-
-    def log_message(self, *args):
-        pass
-
-    def _json(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        if self.path == "/health":
-            self._json(200, {})
-        elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": "test"}]})
-        else:
-            self._json(404, {"error": {"message": "no such path"}})
-
-    def do_POST(self):
-        s = self.server
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with s.lock:
-            s.requests.append(request)
-            s.in_flight += 1
-            s.max_in_flight = max(s.max_in_flight, s.in_flight)
-        time.sleep(s.delay_s)
-        what = s.next()
-        with s.lock:
-            s.in_flight -= 1
-        if what == "hang":
-            s.release.wait()
-        elif what == "drop":
-            pass  # HTTP/1.0: returning without a response closes the connection
-        elif isinstance(what, int):
-            self._json(what, {"error": {"message": "boom", "type": "InternalServerError"}})
-        elif isinstance(what, str):  # e.g. a proxy's HTML page
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.end_headers()
-            self.wfile.write(what.encode())
-        else:
-            self._json(200, what)
-
-
-@pytest.fixture
-def fake():
-    servers = []
-
-    def start(*behaviours, **kw) -> FakeLLM:
-        server = FakeLLM(*behaviours, **kw)
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.release.set()
-        server.shutdown()
-        server.server_close()
 
 
 def ctx() -> PromptContext:
@@ -140,16 +52,16 @@ def proposer(url: str, **kw) -> LLMProposer:
     return LLMProposer(LLMSettings(**{"base_url": url, "model": "fake", "timeout_s": 5, "max_retries": 0, **kw}))
 
 
-def test_hanging_server_times_out_fast(fake):
-    server = fake("hang")
+def test_hanging_server_times_out_fast(fake_llm):
+    server = fake_llm("hang")
     start = time.perf_counter()
     [p] = proposer(server.url, timeout_s=0.5).propose(ctx(), 1)
     assert p.source is None and p.failure.startswith("llm_timeout:"), p.failure
     assert time.perf_counter() - start < 5 and 0.4 < p.latency_s < 5
 
 
-def test_dropped_connection_is_unreachable(fake):
-    [p] = proposer(fake("drop").url).propose(ctx(), 1)
+def test_dropped_connection_is_unreachable(fake_llm):
+    [p] = proposer(fake_llm("drop").url).propose(ctx(), 1)
     assert p.source is None and p.failure.startswith("llm_unreachable:"), p.failure
 
 
@@ -161,37 +73,37 @@ def test_refused_connection_is_unreachable():
     assert p.source is None and p.failure.startswith("llm_unreachable:"), p.failure
 
 
-def test_http_500_is_a_server_error(fake):
-    [p] = proposer(fake(500).url).propose(ctx(), 1)
+def test_http_500_is_a_server_error(fake_llm):
+    [p] = proposer(fake_llm(500).url).propose(ctx(), 1)
     assert p.source is None and p.failure.startswith("llm_server_error: HTTP 500"), p.failure
 
 
-def test_retries_after_500(fake):
-    server = fake(500, completion(DIFF_REPLY))
+def test_retries_after_500(fake_llm):
+    server = fake_llm(500, completion(DIFF_REPLY))
     [p] = proposer(server.url, max_retries=1).propose(ctx(), 1)
     assert p.source is not None and len(server.requests) == 2
 
 
 @pytest.mark.parametrize("body", [{**completion(""), "choices": []}, {"hello": "world"}, "<html>gateway</html>"],
                          ids=["no-choices", "not-a-completion", "html"])
-def test_answer_without_choices(fake, body):
-    [p] = proposer(fake(body).url).propose(ctx(), 1)
+def test_answer_without_choices(fake_llm, body):
+    [p] = proposer(fake_llm(body).url).propose(ctx(), 1)
     assert p.source is None and p.failure.startswith("llm_empty:"), p.failure
 
 
-def test_garbage_reply_is_recorded_with_tokens(fake):
-    [p] = proposer(fake(completion("I like turtles.")).url).propose(ctx(), 1)
+def test_garbage_reply_is_recorded_with_tokens(fake_llm):
+    [p] = proposer(fake_llm(completion("I like turtles.")).url).propose(ctx(), 1)
     assert p.source is None and p.failure.startswith("bad_reply:"), p.failure
     assert p.raw == "I like turtles." and (p.tokens_in, p.tokens_out) == (11, 7)
 
 
-def test_truncated_reply_says_so(fake):
-    [p] = proposer(fake(completion("```python\nclass ModelNew", finish="length")).url).propose(ctx(), 1)
+def test_truncated_reply_says_so(fake_llm):
+    [p] = proposer(fake_llm(completion("```python\nclass ModelNew", finish="length")).url).propose(ctx(), 1)
     assert p.source is None and p.failure.startswith("llm_truncated: reply stopped at max_tokens=4096"), p.failure
 
 
-def test_diff_reply_becomes_a_source(fake):
-    server = fake(completion(DIFF_REPLY))
+def test_diff_reply_becomes_a_source(fake_llm):
+    server = fake_llm(completion(DIFF_REPLY))
     [p] = proposer(server.url, max_tokens=321, temperature=0.1).propose(ctx(), 1)
     assert p.failure is None and p.mode == "diff" and p.proposer == "llm"
     assert "e / e.sum(dim=-1, keepdim=True)" in p.source and "torch.softmax" not in p.source
@@ -206,8 +118,8 @@ def test_diff_reply_becomes_a_source(fake):
         assert text in user
 
 
-def test_n_requests_run_concurrently_with_distinct_seeds(fake):
-    server = fake(completion(DIFF_REPLY), delay_s=0.3)
+def test_n_requests_run_concurrently_with_distinct_seeds(fake_llm):
+    server = fake_llm(completion(DIFF_REPLY), delay_s=0.3)
     proposals = proposer(server.url, concurrency=3, seed=7).propose(ctx(), 3)
     assert len(proposals) == 3 and all(p.source for p in proposals)
     assert server.max_in_flight >= 2
@@ -221,8 +133,8 @@ def test_template_with_unknown_placeholder_fails_at_construction(tmp_path):
         load_templates(tmp_path)
 
 
-def test_check_endpoint_against_fake(fake):
-    server = fake(completion("OK"))
+def test_check_endpoint_against_fake(fake_llm):
+    server = fake_llm(completion("OK"))
     assert check_endpoint(LLMSettings(base_url=server.url, model="fake", timeout_s=5)) == []
     [problem] = check_endpoint(LLMSettings(base_url=server.url, model="gpt-9", timeout_s=5))
     assert "'gpt-9' is not served" in problem and "fake" in problem

@@ -9,14 +9,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, candidate
+from tests.fake_llm import completion
 
 SOFTMAX = REPO / "benchmarks/tasks/softmax.py"
 FAST = ("--device", "cpu", "--timing-budget", "0.05")
@@ -105,40 +104,15 @@ def test_hand_submission_is_evaluated_inside_the_run_and_ranked(appliance, home,
     assert rows(home, "SELECT proposer FROM candidate ORDER BY id") == [("seed",), ("manual",), ("manual",)]
 
 
-class _GarbageLLM(BaseHTTPRequestHandler):
-    """An OpenAI-compatible endpoint whose model answers nonsense (no code, a diff that does not apply)."""
-
-    replies = ["I think the kernel is fine as it is.",
-               "<<<<<<< SEARCH\nthis line is not in the parent\n=======\nx = 1\n>>>>>>> REPLACE\n"]
-    count = 0
-
-    def do_POST(self):  # noqa: N802 - http.server's naming
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        reply = self.replies[_GarbageLLM.count % len(self.replies)]
-        _GarbageLLM.count += 1
-        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": reply}}],
-                           "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-def test_garbage_from_the_llm_becomes_recorded_failures_and_the_run_ends_cleanly(appliance, home, monkeypatch):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _GarbageLLM)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("APPLIANCE_LLM_URL", f"http://127.0.0.1:{server.server_port}/v1")
+def test_garbage_from_the_llm_becomes_recorded_failures_and_the_run_ends_cleanly(appliance, home, monkeypatch,
+                                                                                   fake_llm):
+    # A model that answers nonsense: no code at all, then a diff that does not apply (repeated).
+    server = fake_llm(completion("I think the kernel is fine as it is.", prompt_tokens=100, completion_tokens=20),
+                      completion("<<<<<<< SEARCH\nthis line is not in the parent\n=======\nx = 1\n>>>>>>> REPLACE\n",
+                                 prompt_tokens=100, completion_tokens=20))
+    monkeypatch.setenv("APPLIANCE_LLM_URL", server.url)
     monkeypatch.setenv("APPLIANCE_LLM_MODEL", "m")
-    try:
-        code, summary = optimize(appliance, str(SOFTMAX), "--proposer", "llm", "--max-candidates", "5")
-    finally:
-        server.shutdown()
+    code, summary = optimize(appliance, str(SOFTMAX), "--proposer", "llm", "--max-candidates", "5")
     assert code == 0, summary
     assert summary["evaluated"] == 1 and summary["proposal_failures"] >= 3  # three barren generations, then done
     failures = [f for (f,) in rows(home, "SELECT failure FROM candidate WHERE status = 'proposal_failed'")]
