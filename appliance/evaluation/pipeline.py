@@ -216,7 +216,8 @@ class Pipeline:
                            environment=environment, details=details)
 
         ceilings = self._device_ceilings(job, environment) if device == "cuda" else None
-        timings = _timing_rows(task, shapes, prepared["timings"], cand["timings"], device, ceilings)
+        usable = ceilings if ceilings and "measured" in ceilings else None  # not when measuring them failed
+        timings = _timing_rows(task, shapes, prepared["timings"], cand["timings"], device, usable)
         main_row = next((t for t in timings if t["shape"] == "main" and t["implementation"] == "candidate"), {})
         details["evidence"] = {"launches_per_call": details["provenance"].get("own_launches"),
                                "roofline_fraction": main_row.get("roofline_fraction"),
@@ -226,7 +227,7 @@ class Pipeline:
             if why := evidence.timer_mismatch(row):
                 return Outcome(**base | dict(verdict="timing_mismatch", stage="timing", reason=why + where),
                                timings=timings, environment=environment, details=details)
-            if why := evidence.impossible(ceilings, row.get("flops"), row.get("bytes"), task.manifest.dtype,
+            if why := evidence.impossible(usable, row.get("flops"), row.get("bytes"), task.manifest.dtype,
                                           row["median_ms"]):
                 return Outcome(**base | dict(verdict="impossible", stage="timing", reason=why + where),
                                timings=timings, environment=environment, details=details)
@@ -441,7 +442,6 @@ GPU_EVIDENCE = ("device_wide_ms", "sync_latency_ms", "energy_j_per_call", "avg_p
 
 def _timing_rows(task: Task, shapes: list[dict], baselines: dict, candidate: dict, device: str,
                  ceilings: dict | None) -> list[dict]:
-    ceilings = ceilings if ceilings and "measured" in ceilings else None
     rows = []
     for sh in shapes:
         name = sh["name"]
