@@ -200,7 +200,9 @@ def optimize(
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
     mode: Annotated[Optional[str], typer.Option(help="Size mode: small | full (default: full on GPU).")] = None,
     timing_budget: Annotated[float, typer.Option(help="Seconds of timed calls per shape and implementation.")] = 1.0,
-    workers: Annotated[int, typer.Option(help="CPU: evaluations at once. GPU: one worker per GPU in --gpus.")] = 1,
+    workers: Annotated[Optional[int], typer.Option(
+        help="Evaluations in flight per device (default: 3 per GPU, 1 on the CPU). Their loading, compiling and "
+             "checking overlap; correctness and timing take turns on the device.")] = None,
     gpus: Annotated[Optional[str], typer.Option(help="Evaluation GPUs, e.g. 1,2 (default: every visible GPU).")] = None,
     unsafe_no_jail: Annotated[bool, typer.Option(
         "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail.")] = False,
@@ -239,7 +241,7 @@ def optimize(
             config = OptimizeConfig(proposer=chosen, max_candidates=max_candidates or 20,
                                     max_gpu_seconds=max_gpu_seconds, max_wall_s=max_wall, max_tokens=max_tokens,
                                     batch=batch, islands=islands, seed=seed, device=device, mode=mode,
-                                    timing_budget_s=timing_budget, workers=workers)
+                                    timing_budget_s=timing_budget, workers=workers or 0)
             row = store.get_or_add_task(t.name, str(t.path), t.source, t.manifest_text)
             run = store.add_run(row.id, "optimize", config_dict(config))
             store.add_candidate(run.id, row.id, seed_file.read_text(errors="replace"), path=str(seed_file.resolve()),
@@ -387,7 +389,7 @@ def _task_of_run(store, run):
 
 
 def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> list[Pipeline]:
-    """One pipeline per evaluation slot: one per evaluation GPU, or `workers` on a CPU host."""
+    """One pipeline (worker) per evaluation GPU, or one for the CPU; each with `workers` evaluations in flight."""
     from appliance.evaluation.pipeline import resolve_device
     from sandbox.jail import Jail
 
@@ -403,13 +405,14 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> lis
             raise ApplianceError(f"no evaluation GPU: the only GPU is the LLM's (APPLIANCE_LLM_GPU={llm_gpu}); "
                                  "pass --gpus or --device cpu")
     else:
-        indices = [None] * max(1, config.workers)
+        indices = [None]
+    slots = config.workers or (3 if dev == "cuda" else 1)
     if unsafe:
         err.print("[bold red]UNSAFE: --unsafe-no-jail: candidates run WITHOUT the jail.[/]")
     settings = EvalSettings(device=dev, mode=config.mode, baselines=("eager", "compile") if dev == "cuda" else ("eager",),
                             timing_budget_s=config.timing_budget_s, jobs_dir=s.jobs_dir, state_dir=s.home,
                             profile=config.profile and dev == "cuda", reuse_inputs=True)
-    return [Pipeline(Jail(unsafe_no_jail=unsafe, gpu=g), settings) for g in indices]
+    return [Pipeline(Jail(unsafe_no_jail=unsafe, gpu=g), settings, slots=slots) for g in indices]
 
 
 def _proposer(config: OptimizeConfig):

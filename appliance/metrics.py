@@ -2,8 +2,9 @@
 
     appliance_candidates_total{verdict,proposer}     candidates judged (proposal failures: verdict "proposal_failed")
     appliance_evaluation_seconds{stage}              wall seconds per evaluation process (prepare, candidate, check)
-    appliance_gpu_seconds_total{gpu}                 wall seconds of evaluation processes on each evaluation GPU
-    appliance_energy_joules_total{gpu}               NVML energy of each evaluation GPU during evaluations
+    appliance_gpu_seconds_total{gpu}                 seconds each evaluation GPU was held by an evaluation (its
+                                                     correctness and timing turns, sandbox/gate.py)
+    appliance_energy_joules_total{gpu}               NVML energy of each evaluation GPU during those turns
                                                      (0 where there is no GPU or no NVML: never invented)
     appliance_run_best_speedup{run,baseline}         best verified speedup of each run vs eager / torch.compile
     appliance_llm_tokens_total{kind}                 prompt and completion tokens
@@ -27,7 +28,7 @@ class Metrics:
                                   ["verdict", "proposer"], registry=r)
         self.evaluation_seconds = Histogram("appliance_evaluation_seconds", "Wall seconds per evaluation process",
                                             ["stage"], buckets=STAGE_BUCKETS, registry=r)
-        self.gpu_seconds = Counter("appliance_gpu_seconds", "Seconds of evaluation processes per evaluation GPU",
+        self.gpu_seconds = Counter("appliance_gpu_seconds", "Seconds each evaluation GPU was held by evaluations",
                                    ["gpu"], registry=r)
         self.energy = Counter("appliance_energy_joules", "NVML energy of evaluation GPUs during evaluations",
                               ["gpu"], registry=r)
@@ -49,16 +50,17 @@ class Metrics:
         self.gpu_seconds.labels(label).inc(0)  # the series exist from the start, at 0
         self.energy.labels(label).inc(0)
 
-    def evaluation(self, outcome, proposer: str, gpu: int | None, joules: float | None) -> None:
+    def evaluation(self, outcome, proposer: str) -> None:
         self.candidates.labels(outcome.verdict, proposer).inc()
         wall = outcome.details.get("wall_s") or {}
         for stage, seconds in wall.items():
             if seconds:  # a prepare reused from an earlier candidate took no time and is not an observation
                 self.evaluation_seconds.labels(stage).observe(seconds)
+        gpu, turns = outcome.details.get("gpu_index"), outcome.details.get("device_turns") or {}
         if gpu is not None and outcome.device == "cuda":
-            self.gpu_seconds.labels(_gpu(gpu)).inc(sum(wall.values()))
-            if joules:
-                self.energy.labels(_gpu(gpu)).inc(joules)
+            self.gpu_seconds.labels(_gpu(gpu)).inc(turns.get("held_s") or 0.0)
+            if turns.get("joules"):
+                self.energy.labels(_gpu(gpu)).inc(turns["joules"])
 
     def proposal(self, proposal, failed: bool) -> None:
         if failed:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import sandbox
 from sandbox.cgroup import CgroupUnavailable, JobCgroup
+from sandbox.gate import DeviceGate, TurnChannel, TurnRecord
 from sandbox.seccomp import SeccompUnavailable, bpf_file
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/sys", "/opt/nvidia")
@@ -48,6 +49,7 @@ class JailResult:
     output_bytes: int = 0  # stdout + stderr produced, kept or not
     limit_events: dict = field(default_factory=dict)  # {"oom_kill": n, "pids_max": n} from the job's cgroup
     limits: dict = field(default_factory=dict)  # what was enforced, for the record
+    turns: dict | None = None  # device turns taken (sandbox/gate.py): waited, held, joules while held
 
     @property
     def signal(self) -> int | None:
@@ -102,21 +104,44 @@ class Jail:
         self._checked = True
 
     def run(self, argv: list[str], *, workdir: Path, ro: list[Path] = (), rw: list[Path] = (),
-            env: dict[str, str] | None = None, timeout_s: float = 600.0) -> JailResult:
-        """Run argv with `workdir` (writable, also HOME/TMPDIR/caches), `rw` writable and `ro` read-only paths."""
+            env: dict[str, str] | None = None, timeout_s: float = 600.0, gate: DeviceGate | None = None,
+            exclusive: bool = False) -> JailResult:
+        """Run argv with `workdir` (writable, also HOME/TMPDIR/caches), `rw` writable and `ro` read-only paths.
+
+        With a `gate`, the process takes turns on the device (sandbox/gate.py): it asks for them itself, or, with
+        `exclusive`, holds one from start to end."""
         workdir = Path(workdir)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
-        full_env = self._env(workdir) | (env or {})
+        channel = gate.open_channel() if gate is not None and not exclusive else None
+        full_env = self._env(workdir) | (env or {}) | (channel.env() if channel else {})
         limits = {"cpu_seconds": self._cpu_seconds(timeout_s), "file_bytes": self.max_file_bytes,
                   "open_files": self.open_files, "wall_seconds": timeout_s, "output_kept_bytes": OUTPUT_TAIL}
         cgroup = self._cgroup(limits)
-        pass_fds: tuple[int, ...] = ()
+        record = TurnRecord()
+        held = gate.acquire(record) if gate is not None and exclusive else None
+        try:
+            result = self._run(argv, workdir, ro, rw, full_env, timeout_s, limits, cgroup, channel)
+        except BaseException:
+            if channel:
+                channel.close_unstarted()  # nothing was started (no jail, no fork): no pipe may leak
+            raise
+        finally:
+            if held is not None:
+                gate.release(record, held)
+        if channel:
+            record = channel.join()
+        result.turns = record.as_dict() if gate is not None else None
+        return result
+
+    def _run(self, argv, workdir: Path, ro, rw, full_env: dict, timeout_s: float, limits: dict,
+             cgroup: JobCgroup | None, channel: TurnChannel | None) -> JailResult:
+        pass_fds: tuple[int, ...] = channel.child_fds if channel else ()
         if self.unsafe_no_jail:
             cmd = argv
         else:
             self.check()
             seccomp_fd = bpf_file()
-            pass_fds = (seccomp_fd,)
+            pass_fds += (seccomp_fd,)
             cmd = [self.bwrap, *self._base_args(), "--seccomp", str(seccomp_fd),
                    *self._bind_args(workdir, ro, rw), "--chdir", str(workdir),
                    "--clearenv", *[a for k, v in full_env.items() for a in ("--setenv", k, v)], "--", *argv]
@@ -129,8 +154,10 @@ class Jail:
                                     start_new_session=True, pass_fds=pass_fds,
                                     preexec_fn=lambda: self._in_child(cgroup, limits["cpu_seconds"]))
         finally:
-            for fd in pass_fds:
+            for fd in pass_fds[2 if channel else 0:]:  # the seccomp filter; the turn pipes are the channel's
                 os.close(fd)
+        if channel:
+            channel.start()
         out, err = _Drain(proc.stdout), _Drain(proc.stderr)
         timed_out = False
         try:

@@ -20,6 +20,7 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,6 +28,7 @@ from typing import Callable
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
 from appliance.tasks import Task
+from sandbox.gate import DeviceGate
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
@@ -89,11 +91,20 @@ def detect_backends(source: str) -> list[str]:
 
 
 class Pipeline:
-    def __init__(self, jail: Jail, settings: EvalSettings):
-        self.jail, self.settings = jail, settings
-        self.wall_s: dict[str, float] = {}  # seconds per process of the last evaluation
+    """One evaluation device's worker. `evaluate` may be called from `slots` threads at once: their loading,
+    compiling and checking overlap, while correctness and timing take turns on the device (sandbox/gate.py)."""
+
+    def __init__(self, jail: Jail, settings: EvalSettings, slots: int = 1):
+        self.jail, self.settings, self.slots = jail, settings, max(1, slots)
+        meter = None
+        if jail.gpu is not None:
+            from sandbox.harness.energy import EnergyMeter
+
+            meter = EnergyMeter(jail.gpu)
+        self.gate = DeviceGate(energy_meter=meter)
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
+        self._once = threading.Lock()  # one thread prepares a task's inputs (or measures ceilings); the rest wait
         # With settings.profile: which passing candidates get an Nsight Compute run (given the speedup vs eager).
         # A search profiles only new bests: a profile costs about as much as the evaluation itself.
         self.profile_if: Callable[[float | None], bool] | None = None
@@ -106,7 +117,6 @@ class Pipeline:
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
         s = self.settings
-        self.wall_s = {}
         device = resolve_device(s.device)
         mode = s.mode or ("full" if device == "cuda" else "small")
         try:
@@ -136,16 +146,13 @@ class Pipeline:
 
     def _run(self, task, candidate_path, job, device, mode, base, backends) -> Outcome:
         s = self.settings
+        wall: dict[str, float] = {}  # seconds per process of this evaluation
+        turns: list[dict] = []  # device turns of this evaluation's processes
         dirs = {k: job / k for k in ("reference", "inputs", "candidate", "outputs", "check")}
         for d in dirs.values():
             d.mkdir()
         key = "|".join([str(task.path), hashlib.sha256((task.source + task.manifest_text).encode()).hexdigest(), mode,
                         device, ",".join(s.baselines)])
-        reused = self._prepared.get(key) if s.reuse_inputs else None
-        if reused and reused[0].is_dir():
-            dirs["inputs"] = reused[0]
-        elif s.reuse_inputs:
-            dirs["inputs"] = Path(tempfile.mkdtemp(prefix="inputs-", dir=s.jobs_dir))
         shutil.copy(task.path, dirs["reference"] / "task.py")
         shutil.copy(candidate_path, dirs["candidate"] / "candidate.py")
         shapes = [vars(sh) for sh in task.shapes(mode)]
@@ -161,18 +168,27 @@ class Pipeline:
         task_spec = common | {"task_file": str(dirs["reference"] / "task.py"), "task_display": str(task.path)}
 
         # 1. Inputs and baselines, from the task's own code (or kept from an earlier candidate of this task).
-        if reused and reused[0].is_dir():
-            prepared = reused[1]
-            self.wall_s["prepare"] = 0.0
+        #    The baselines are timed with the device to themselves; candidates of the task wait for them.
+        def prepare(inputs_dir: Path) -> dict:
+            return self._harness(["prepare"], task_spec | {"baselines": list(s.baselines), "inputs_dir": str(inputs_dir)},
+                                 workdir=dirs["reference"], rw=[inputs_dir], timeout=s.reference_timeout_s,
+                                 task=task, wall=wall, turns=turns, exclusive=True)
+
+        if s.reuse_inputs:
+            with self._once:
+                reused = self._prepared.get(key)
+                if not (reused and reused[0].is_dir()):
+                    inputs_dir = Path(tempfile.mkdtemp(prefix="inputs-", dir=s.jobs_dir))
+                    reused = self._prepared[key] = (inputs_dir, prepare(inputs_dir))
+                else:
+                    wall["prepare"] = 0.0
+            dirs["inputs"], prepared = reused
+            for spec in (common, task_spec):
+                spec["inputs_dir"] = str(dirs["inputs"])
         else:
-            prepared = self._harness(["prepare"], task_spec | {"baselines": list(s.baselines)},
-                                     workdir=dirs["reference"], rw=[dirs["inputs"]], timeout=s.reference_timeout_s,
-                                     task=task)
-            if s.reuse_inputs:
-                self._prepared[key] = (dirs["inputs"], prepared)
+            prepared = prepare(dirs["inputs"])
         environment = prepared["environment"]
-        details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": dict(self.wall_s),
-                   "gpu_index": self.jail.gpu}
+        details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall, "gpu_index": self.jail.gpu}
 
         # 2. The candidate, which sees its own file and the inputs, nothing else.
         cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py")}
@@ -180,11 +196,13 @@ class Pipeline:
         spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
         run = self.jail.run([_python(), "-m", "sandbox.harness.candidate", str(spec_path)],
                             workdir=dirs["candidate"], ro=[dirs["inputs"]], rw=[dirs["outputs"]],
-                            timeout_s=s.candidate_timeout_s)
+                            timeout_s=s.candidate_timeout_s, gate=self.gate)
+        turns.append(run.turns or {})
+        details["device_turns"] = _sum_turns(turns)
         cand = _read_result(dirs["candidate"] / "result.json")
         details["candidate_stderr"] = run.stderr[-4000:]
         details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
-        self.wall_s["candidate"] = details["wall_s"]["candidate"] = round(run.wall_s, 2)
+        wall["candidate"] = round(run.wall_s, 2)
         failure = _candidate_failure(run, cand, s.candidate_timeout_s)
         if failure:
             verdict, stage, reason = failure
@@ -207,15 +225,15 @@ class Pipeline:
         checked = self._harness(["check"],
                                 task_spec | {"prepared_shapes": prepared["shapes"], "tolerances": task.tolerances()},
                                 workdir=dirs["check"], ro=[dirs["reference"], dirs["inputs"], dirs["outputs"]],
-                                timeout=s.reference_timeout_s, task=task)
+                                timeout=s.reference_timeout_s, task=task, wall=wall, turns=turns)
         details["cases"] = checked["cases"]
-        details["wall_s"]["check"] = self.wall_s["check"]
+        details["device_turns"] = _sum_turns(turns)
         bad = [c for c in checked["cases"] if c["kind"] != "pass"]
         if bad:
             return Outcome(**base | dict(verdict=bad[0]["kind"], stage="correctness", reason=bad[0]["reason"]),
                            environment=environment, details=details)
 
-        ceilings = self._device_ceilings(job, environment) if device == "cuda" else None
+        ceilings = self._device_ceilings(job, environment, turns) if device == "cuda" else None
         usable = ceilings if ceilings and "measured" in ceilings else None  # not when measuring them failed
         timings = _timing_rows(task, shapes, prepared["timings"], cand["timings"], device, usable)
         main_row = next((t for t in timings if t["shape"] == "main" and t["implementation"] == "candidate"), {})
@@ -233,12 +251,13 @@ class Pipeline:
                                timings=timings, environment=environment, details=details)
         main = {t["implementation"]: t for t in timings if t["shape"] == "main"}
         if s.profile and device == "cuda" and (self.profile_if is None or self.profile_if(_speedup(main, "eager"))):
-            details["ncu"] = self._profile(dirs, spec_path)
+            details["ncu"] = self._profile(dirs, spec_path, turns)
+            details["device_turns"] = _sum_turns(turns)
         return Outcome(**base | dict(reason=_pass_reason(main, device)), timings=timings,
                        speedup_vs_eager=_speedup(main, "eager"), speedup_vs_compile=_speedup(main, "compile"),
                        environment=environment, details=details)
 
-    def _profile(self, dirs: dict[str, Path], spec_path: Path) -> dict:
+    def _profile(self, dirs: dict[str, Path], spec_path: Path, turns: list[dict]) -> dict:
         """Nsight Compute over one call of the (already passed) candidate, in the same jail as its evaluation."""
         ncu = shutil.which("ncu") or next((p for p in NCU_PATHS if os.path.isfile(p)), None)
         if not ncu:
@@ -247,7 +266,8 @@ class Pipeline:
         log = dirs["candidate"] / "ncu.csv"
         run = self.jail.run([*evidence.ncu_command(ncu, str(log)), _python(), "-m", "sandbox.harness.candidate",
                              str(spec_path), "--profile"],
-                            workdir=dirs["candidate"], ro=[dirs["inputs"]], timeout_s=300)
+                            workdir=dirs["candidate"], ro=[dirs["inputs"]], timeout_s=300, gate=self.gate, exclusive=True)
+        turns.append(run.turns or {})
         text = _read_text(log, MAX_RESULT_BYTES)
         summary = evidence.ncu_summary(text) if text else {}
         if run.returncode != 0 or not text or "error" in summary:
@@ -255,8 +275,12 @@ class Pipeline:
             return {"error": f"ncu exited with code {run.returncode}: {tail}"}
         return summary
 
-    def _device_ceilings(self, job: Path, environment: dict) -> dict | None:
+    def _device_ceilings(self, job: Path, environment: dict, turns: list[dict]) -> dict | None:
         """The GPU's measured ceilings: once per worker (cached per GPU model and driver), in the jail."""
+        with self._once:
+            return self._measure_ceilings(job, environment, turns)
+
+    def _measure_ceilings(self, job: Path, environment: dict, turns: list[dict]) -> dict | None:
         key = f"{environment.get('gpu')}|{environment.get('driver')}"
         cache = (self.settings.state_dir / f"ceilings-gpu{self.jail.gpu}.json") if self.settings.state_dir else None
         if self._ceilings is None and cache and cache.is_file():
@@ -266,7 +290,8 @@ class Pipeline:
             workdir = job / "ceilings"
             workdir.mkdir()
             run = self.jail.run([_python(), "-m", "sandbox.harness.ceilings", str(workdir / "ceilings.json")],
-                                workdir=workdir, timeout_s=300)
+                                workdir=workdir, timeout_s=300, gate=self.gate, exclusive=True)
+            turns.append(run.turns or {})
             measured = _read_result(workdir / "ceilings.json")
             if run.returncode != 0 or measured is None:
                 # Without ceilings there is no roofline, but the evaluation itself stands.
@@ -277,15 +302,17 @@ class Pipeline:
                 cache.write_text(json.dumps(self._ceilings))
         return self._ceilings
 
-    def _harness(self, args: list[str], spec: dict, *, workdir: Path, timeout: float, task: Task,
-                 ro=(), rw=()) -> dict:
+    def _harness(self, args: list[str], spec: dict, *, workdir: Path, timeout: float, task: Task, wall: dict,
+                 turns: list[dict], ro=(), rw=(), exclusive: bool = False) -> dict:
         """Run a trusted reference-harness command; a failure here is the task's fault or ours, never the candidate's."""
         result_path = workdir / f"{args[0]}-result.json"
         spec_path = workdir / f"{args[0]}-spec.json"
         spec_path.write_text(json.dumps(spec | {"result": str(result_path)}))
         run = self.jail.run([_python(), "-m", "sandbox.harness.reference", *args, str(spec_path)],
-                            workdir=workdir, ro=list(ro), rw=list(rw), timeout_s=timeout)
-        self.wall_s[args[0]] = round(run.wall_s, 2)
+                            workdir=workdir, ro=list(ro), rw=list(rw), timeout_s=timeout, gate=self.gate,
+                            exclusive=exclusive)
+        wall[args[0]] = round(run.wall_s, 2)
+        turns.append(run.turns or {})
         result = _read_result(result_path)
         if run.timed_out:
             raise TaskError(str(task.path), f"the reference ({args[0]}) did not finish within {timeout:.0f} s")
@@ -295,6 +322,14 @@ class Pipeline:
         if result["status"] == "task_error":
             raise TaskError(str(task.path), result["reason"], result.get("line"))
         return result
+
+
+def _sum_turns(turns: list[dict]) -> dict:
+    """An evaluation's time with the device to itself (what GPU-seconds are charged for), its waiting, its energy."""
+    joules = [t["joules"] for t in turns if t.get("joules") is not None]
+    return {"held_s": round(sum(t.get("held_s", 0.0) for t in turns), 3),
+            "wait_s": round(sum(t.get("wait_s", 0.0) for t in turns), 3),
+            "joules": round(sum(joules), 3) if joules else None}
 
 
 def _python() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -21,7 +21,6 @@ from appliance.db.models import Candidate
 from appliance.errors import InfrastructureError
 from appliance.evaluation.pipeline import Outcome, Pipeline
 from appliance.metrics import Metrics
-from sandbox.harness.energy import EnergyMeter
 from appliance.proposers.base import Example, PromptContext, Proposal
 from appliance.search.database import Entry, SearchDatabase, feedback
 from appliance.tasks import Task
@@ -45,7 +44,7 @@ class OptimizeConfig:
     device: str = "auto"
     mode: str | None = None
     timing_budget_s: float = 1.0
-    workers: int = 1  # evaluations at once (one per evaluation GPU on a GPU host)
+    workers: int = 0  # evaluations in flight per device (0: 3 per GPU, 1 on the CPU); measuring takes turns
     profile: bool = True  # Nsight Compute summary for passing candidates (GPU only)
 
     @classmethod
@@ -74,8 +73,6 @@ class Optimizer:
         self.store, self.run_id, self.task, self.pipelines = store, run_id, task, pipelines
         self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
         self.metrics, self.should_stop = metrics, should_stop
-        # NVML energy of each evaluation GPU, read on the trusted side around each evaluation (none on a CPU host).
-        self.energy = {id(p): EnergyMeter(p.jail.gpu) if p.jail.gpu is not None else None for p in pipelines}
         for p in pipelines:
             p.profile_if = self._beats_best
         if metrics:
@@ -108,28 +105,72 @@ class Optimizer:
         return self.summary()
 
     def _loop(self) -> str:
+        """Keep every evaluation slot busy: start queued candidates as slots free up, propose when nothing is
+        queued, record each result as it comes."""
         started = time.monotonic()
+        slots = [p for p in self.pipelines for _ in range(p.slots)]
+        in_flight: dict[Future, tuple[Candidate, Pipeline]] = {}
+        proposed_after = -1  # results recorded when we last proposed: propose again only after a new one
+        recorded = 0
         status = "running"
-        while status == "running":
-            status = self._external_status() or self._budget_status()
-            if status == "running" and self.should_stop():
-                status = "queued"  # the controller is shutting down: the run goes back to its queue
-            if status != "running":
-                break
-            queued = [c for c, _ in self.store.run_candidates(self.run_id) if c.status == "queued"]
-            if self.metrics:
-                self.metrics.queue_depth.set(len(queued))
-            if queued:
-                self.evaluate(queued[: len(self.pipelines)])
-            elif not self._propose_generation():
-                self.state["barren"] = self.state.get("barren", 0) + 1
-                if self.state["barren"] >= BARREN_GENERATIONS:
-                    self.log(f"{BARREN_GENERATIONS} generations in a row gave nothing new to evaluate: finishing")
-                    status = "finished"
-            self.state["elapsed_s"] += time.monotonic() - started
-            started = time.monotonic()
-            self.store.update_run(self.run_id, state=self.state)
+        with ThreadPoolExecutor(len(slots)) as pool:
+            try:
+                while True:
+                    status = self._external_status() or self._budget_status()
+                    if status == "running" and self.should_stop():
+                        status = "queued"  # the controller is shutting down: the run goes back to its queue
+                    if status != "running":
+                        break
+                    queued = [c for c, _ in self.store.run_candidates(self.run_id) if c.status == "queued"]
+                    if self.metrics:
+                        self.metrics.queue_depth.set(len(queued))
+                    free = _free_slots(slots, [p for _, p in in_flight.values()])
+                    room = self._room() - len(in_flight)
+                    for candidate, pipeline in zip(queued[:max(room, 0)], free):
+                        self.store.set_candidate_status(candidate.id, "evaluating")
+                        in_flight[pool.submit(self._evaluate_one, candidate, pipeline)] = (candidate, pipeline)
+                    spare = len(free) > len(queued) and room > len(queued)
+                    if not in_flight:
+                        if not self._propose_generation():
+                            self.state["barren"] = self.state.get("barren", 0) + 1
+                            if self.state["barren"] >= BARREN_GENERATIONS:
+                                self.log(f"{BARREN_GENERATIONS} generations in a row gave nothing new to evaluate: "
+                                         "finishing")
+                                status = "finished"
+                                break
+                    else:
+                        if spare and proposed_after < recorded and self._has_parent():
+                            proposed_after = recorded
+                            self._propose_generation()  # fills the spare slots while the others evaluate
+                        done, _ = wait(in_flight, timeout=1.0, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            candidate, _ = in_flight.pop(future)
+                            self._record(candidate, future.result())
+                            recorded += 1
+                    self.state["elapsed_s"] += time.monotonic() - started
+                    started = time.monotonic()
+                    self.store.update_run(self.run_id, state=self.state)
+            finally:
+                # What was started finishes and is recorded (a pause or a shutdown loses no evaluation in flight).
+                failure = None
+                for future in list(in_flight):
+                    candidate, _ = in_flight.pop(future)
+                    try:
+                        self._record(candidate, future.result())
+                    except InfrastructureError as e:
+                        failure = failure or e
+                self.state["elapsed_s"] += time.monotonic() - started
+                if failure:
+                    raise failure
         return status
+
+    def _room(self) -> int:
+        """Evaluations the candidate budget still allows."""
+        evaluated = sum(1 for _, e in self.store.run_candidates(self.run_id) if e is not None)
+        return self.config.max_candidates - evaluated
+
+    def _has_parent(self) -> bool:
+        return any(e is not None and e.verdict == "pass" for _, e in self.store.run_candidates(self.run_id))
 
     def _external_status(self) -> str | None:
         status = self.store.get_run(self.run_id).status
@@ -153,40 +194,39 @@ class Optimizer:
     # --- evaluation ---
 
     def evaluate(self, candidates: list[Candidate]) -> None:
-        for c in candidates:
-            self.store.set_candidate_status(c.id, "evaluating")
-        with ThreadPoolExecutor(len(candidates)) as pool:
-            outcomes = list(pool.map(self._evaluate_one, candidates, self.pipelines))
-        for c, outcome in zip(candidates, outcomes):
-            self._record(c, outcome)
+        """Evaluate these candidates now, one at a time (a hand submission), and record them."""
+        try:
+            for c in candidates:
+                self.store.set_candidate_status(c.id, "evaluating")
+                self._record(c, self._evaluate_one(c, self.pipelines[0]))
+        finally:
+            for pipeline in self.pipelines:
+                pipeline.close()
 
-    def _evaluate_one(self, candidate: Candidate, pipeline: Pipeline) -> tuple[Outcome | InfrastructureError, dict]:
+    def _evaluate_one(self, candidate: Candidate, pipeline: Pipeline) -> Outcome | InfrastructureError:
         path = self.work_dir / f"candidate-{candidate.id}.py"
         path.write_text(candidate.source)
-        meter = self.energy[id(pipeline)]
-        before = meter.millijoules() if meter else None
         try:
-            outcome = pipeline.evaluate(self.task, path)
+            return pipeline.evaluate(self.task, path)
         except InfrastructureError as e:  # the worker's fault, not the candidate's: it goes back to the queue
-            return e, {}
-        after = meter.millijoules() if meter else None
-        joules = (after - before) / 1e3 if before is not None and after is not None else None
-        return outcome, {"gpu": pipeline.jail.gpu, "joules": joules}
+            return e
 
     def _beats_best(self, speedup: float | None) -> bool:
         best = summarize(self.store, self.run_id, self.state).best
         return bool(speedup) and (best is None or speedup > (best.get("speedup_vs_eager") or 0))
 
-    def _record(self, candidate: Candidate, result: tuple[Outcome | InfrastructureError, dict]) -> None:
-        outcome, where = result
+    def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError) -> None:
         if isinstance(outcome, InfrastructureError):
             self.store.set_candidate_status(candidate.id, "queued")
             raise outcome
         o = outcome
         if self.metrics:
-            self.metrics.evaluation(o, candidate.proposer, where["gpu"], where["joules"])
+            self.metrics.evaluation(o, candidate.proposer)
         if o.device == "cuda":
-            self.state["gpu_seconds"] += sum((o.details.get("wall_s") or {}).values())
+            # Charged for the time it had the GPU to itself: overlapping evaluations are not counted twice.
+            turns = o.details.get("device_turns") or {}
+            self.state["gpu_seconds"] += turns.get("held_s") or 0.0
+            self.state["energy_j"] = self.state.get("energy_j", 0.0) + (turns.get("joules") or 0.0)
         self.store.add_outcome(candidate.id, self.run_id, o)
         if self.metrics and o.passed:
             best = summarize(self.store, self.run_id, self.state).best or {}
@@ -307,3 +347,12 @@ def summarize(store: Store, run_id: int, state: dict | None = None) -> Summary:
 
 def config_dict(config: OptimizeConfig) -> dict:
     return asdict(config)
+
+
+def _free_slots(slots: list[Pipeline], busy: list[Pipeline]) -> list[Pipeline]:
+    """One pipeline per free slot, interleaved so that the least busy device gets the next evaluation."""
+    order = []
+    for p in dict.fromkeys(slots):  # each pipeline once, in order
+        used = busy.count(p)
+        order += [(used + j, slots.index(p), p) for j in range(slots.count(p) - used)]
+    return [p for *_, p in sorted(order, key=lambda e: e[:2])]

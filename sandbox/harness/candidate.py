@@ -14,8 +14,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from sandbox.harness.common import (as_outputs, error_info, is_compile_error, load_module, prepare_device,
-                                    to_device, write_result)
+from sandbox.harness.common import (as_outputs, device_turn, error_info, is_compile_error, load_module,
+                                    prepare_device, to_device, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
@@ -88,7 +88,6 @@ def run(spec: dict) -> dict:
     launches = Launches()
     launches.install()  # before the candidate is imported: its load_inline modules get counted too
     watch = Watch()
-    provenance: dict = {}
     try:
         module = load_module(path, "candidate")
     except BaseException as exc:  # noqa: BLE001 - SystemExit from the candidate is a load failure too
@@ -101,10 +100,13 @@ def run(spec: dict) -> dict:
     device = spec["device"]
     dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    timings = {}
+
+    # 1. Without the device to itself: every shape's inputs and models, and a first call per shape on a copy of
+    #    its inputs, so that JIT compilation and autotuning overlap with other evaluations' measurements.
+    _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
+    staged = []
     for shape in spec["shapes"]:
-        _progress(spec, "correctness")
-        input_sets, timed_model = [], None
+        sets = []
         for seed in spec["seeds"]:
             saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True,
                                map_location=device)
@@ -115,60 +117,100 @@ def run(spec: dict) -> dict:
                     model = model.to(dtype)
             except BaseException as exc:  # noqa: BLE001
                 raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
-            args = to_device(saved["args"], device, shape["layout"])
-            before = snapshot(args)
-            where = f"at shape {shape['name']}, seed {seed}"
+            if not sets:
+                _first_call(model, saved["args"], shape, device, sync, path)
+                _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
+            sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
+        staged.append((shape, sets))
+
+    # 2. With the device to itself: the correctness calls, then the timing loop.
+    timings, provenance, to_save = {}, {}, []
+    with device_turn():
+        for shape, sets in staged:
+            _progress(spec, "correctness")
+            for seed, model, args in sets:
+                outs = _correctness_call(model, args, shape, seed, watch, launches, provenance, sync, path)
+                to_save.append((f"{shape['name']}-{seed}.pt", outs))
+            _progress(spec, "timing")
+            timed_model, input_sets = sets[0][1], [args for _, _, args in sets]  # the first seed's model times all
             try:
-                with torch.no_grad():
-                    if not provenance:  # the first call: which ATen ops and own kernels did it run?
-                        launches.active = True
-                        result, ops = record_ops(model, *args)
-                        launches.active = False
-                        provenance = {"ops": ops, "own_launches": launches.count}
-                    else:
-                        result = model(*args)
-                outs = as_outputs(result)
-                # Snapshot on the current stream before any device-wide sync: work still running elsewhere
-                # (a side stream, a thread) after forward returned shows up as a difference later.
-                early = [o.detach().clone() for o in outs] if outs else None
-                sync()  # kernel faults surface here, attributed to this call
-                settle()
+                timings[shape["name"]], spot = time_calls(timed_model, input_sets, device,
+                                                          budget_s=spec["timing_budget_s"],
+                                                          energy_meter=meter if shape["name"] == "main" else None)
             except BaseException as exc:  # noqa: BLE001
-                raise _failure(exc, "correctness", f"in forward {where}", path) from None
-            _check_untampered(watch, "correctness", f"in forward {where}")
-            if outs is None:
-                raise CandidateFailure("wrong_output", "correctness",
-                                       f"forward returned {type(result).__name__}, expected tensor(s), {where}")
-            if early is not None and mutated(outs, early):
-                raise CandidateFailure("deferred_work", "correctness",
-                                       f"the output changed after forward returned {where}: work left running on "
-                                       "another stream or thread is not part of the call (and not timed)")
-            if subclass_outputs(outs):
-                raise CandidateFailure("wrong_output", "correctness",
-                                       f"forward returned a tensor subclass ({', '.join(subclass_outputs(outs))}) "
-                                       f"{where}: only plain torch.Tensor outputs are accepted")
-            changed = mutated(args, before)
-            if changed:
-                raise CandidateFailure("input_mutated", "correctness",
-                                       f"forward modified input(s) {changed} in place {where}")
-            del before
-            torch.save([o.detach().cpu().clone() for o in outs], Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
-            input_sets.append(args)
-            timed_model = timed_model or model  # the first seed's model times every input set
-        _progress(spec, "timing")
-        try:
-            timings[shape["name"]], spot = time_calls(timed_model, input_sets, device,
-                                                      budget_s=spec["timing_budget_s"],
-                                                      energy_meter=meter if shape["name"] == "main" else None)
-        except BaseException as exc:  # noqa: BLE001
-            raise _failure(exc, "timing", f"while timing shape {shape['name']}", path) from None
-        _check_untampered(watch, "timing", f"while timing shape {shape['name']}")
-        # One random timed call's output, for the trusted check (which rebuilds its inputs from set and rolls).
-        spot_outs = as_outputs(spot["outs"]) or []
-        torch.save({"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"],
-                    "outs": [o.cpu() for o in spot_outs if isinstance(o, torch.Tensor)]},
-                   Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
+                raise _failure(exc, "timing", f"while timing shape {shape['name']}", path) from None
+            _check_untampered(watch, "timing", f"while timing shape {shape['name']}")
+            # One random timed call's output, for the trusted check (which rebuilds its inputs from set and rolls).
+            spot_outs = [o for o in as_outputs(spot["outs"]) or [] if isinstance(o, torch.Tensor)]
+            to_save.append((f"timed-{shape['name']}.pt",
+                            {"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"], "outs": spot_outs}))
+            del input_sets, sets[:]
+
+    # 3. After the turn: outputs to disk for the trusted check (copies to the host are slow at full size).
+    outputs_dir = Path(spec["outputs_dir"])
+    for name, value in to_save:
+        if isinstance(value, dict):
+            torch.save(value | {"outs": [o.cpu() for o in value["outs"]]}, outputs_dir / name)
+        else:
+            torch.save([o.cpu() for o in value], outputs_dir / name)
     return {"status": "ok", "timings": timings, "provenance": provenance}
+
+
+def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> None:
+    """Compile and warm up on a copy of the inputs: whatever the call does to them, the correctness calls
+    still see the inputs as saved."""
+    import torch
+
+    copy = to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in saved_args], device, shape["layout"])
+    try:
+        with torch.no_grad():
+            model(*copy)
+        sync()
+        settle()
+    except BaseException as exc:  # noqa: BLE001
+        raise _failure(exc, "correctness", f"in forward (first call) at shape {shape['name']}", path) from None
+
+
+def _correctness_call(model, args: list, shape: dict, seed: int, watch: Watch, launches: Launches,
+                      provenance: dict, sync, path: str) -> list:
+    """One correctness call: its outputs (cloned, on the device) after every check the candidate side can make."""
+    import torch
+
+    before = snapshot(args)
+    where = f"at shape {shape['name']}, seed {seed}"
+    try:
+        with torch.no_grad():
+            if not provenance:  # the first measured call: which ATen ops and own kernels did it run?
+                launches.active = True
+                result, ops = record_ops(model, *args)
+                launches.active = False
+                provenance.update(ops=ops, own_launches=launches.count)
+            else:
+                result = model(*args)
+        outs = as_outputs(result)
+        # Snapshot on the current stream before any device-wide sync: work still running elsewhere
+        # (a side stream, a thread) after forward returned shows up as a difference later.
+        early = [o.detach().clone() for o in outs] if outs else None
+        sync()  # kernel faults surface here, attributed to this call
+        settle()
+    except BaseException as exc:  # noqa: BLE001
+        raise _failure(exc, "correctness", f"in forward {where}", path) from None
+    _check_untampered(watch, "correctness", f"in forward {where}")
+    if outs is None:
+        raise CandidateFailure("wrong_output", "correctness",
+                               f"forward returned {type(result).__name__}, expected tensor(s), {where}")
+    if early is not None and mutated(outs, early):
+        raise CandidateFailure("deferred_work", "correctness",
+                               f"the output changed after forward returned {where}: work left running on "
+                               "another stream or thread is not part of the call (and not timed)")
+    if subclass_outputs(outs):
+        raise CandidateFailure("wrong_output", "correctness",
+                               f"forward returned a tensor subclass ({', '.join(subclass_outputs(outs))}) "
+                               f"{where}: only plain torch.Tensor outputs are accepted")
+    changed = mutated(args, before)
+    if changed:
+        raise CandidateFailure("input_mutated", "correctness", f"forward modified input(s) {changed} in place {where}")
+    return early  # clones taken before the candidate could change its outputs again
 
 
 def profile(spec: dict) -> int:

@@ -9,14 +9,36 @@ import platform
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+# The pipes to the device gate (sandbox/gate.py), read before any candidate code runs in this process.
+_TURN_FDS = tuple(int(fd) for fd in os.environ.pop("APPLIANCE_TURN_FDS", "").split(",") if fd) or None
 
 
 def prepare_device(device: str) -> None:
     """Must run before torch/triton are imported: on the CPU, Triton kernels run in its interpreter."""
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
+
+
+@contextmanager
+def device_turn() -> Iterator[None]:
+    """Have the evaluation device alone for the block (correctness, timing): other evaluations in flight on it
+    wait. Without a gate (a single evaluation, the CPU tests) the block just runs."""
+    if _TURN_FDS is None:
+        yield
+        return
+    request, grant = _TURN_FDS
+    os.write(request, b"A")
+    if os.read(grant, 1) != b"G":
+        raise RuntimeError("the device gate closed before granting a turn")
+    try:
+        yield
+    finally:
+        os.write(request, b"R")
 
 
 def load_module(path: str | Path, name: str, display_path: str | None = None):

@@ -14,8 +14,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from sandbox.harness.common import (as_outputs, cast_floating, environment, error_info, load_module,
-                                    prepare_device, to_device, write_result)
+from sandbox.harness.common import (as_outputs, cast_floating, device_turn, environment, error_info,
+                                    load_module, prepare_device, to_device, write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
 
@@ -175,19 +175,55 @@ def _time_baselines(spec: dict, names: list[str], model, input_sets: list, devic
 
 
 def check(spec: dict) -> dict:
-    """Recompute the reference in float64 from the saved inputs and compare the candidate's saved outputs."""
+    """Recompute the reference in float64 from the saved inputs and compare the candidate's saved outputs.
+    Every file is read first; only the computing waits for a turn on the device (sandbox/gate.py)."""
+    task = _load_task(spec)
+    files = _Files(spec["device"])
+    for shape in spec["shapes"]:
+        for seed in spec["seeds"]:
+            files.read(_input_path(spec, shape["name"], seed))
+            files.read(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
+        files.read(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
+    with device_turn():
+        return _check(spec, files, task)
+
+
+class _Files:
+    """Tensors files read ahead. weights_only: outputs were written by untrusted code; never unpickle objects.
+    A file that failed to load raises its error when it is used."""
+
+    def __init__(self, device: str):
+        self.device, self.loaded = device, {}
+
+    def read(self, path: Path) -> None:
+        import torch
+
+        try:
+            self.loaded[path] = torch.load(path, weights_only=True, map_location=self.device)
+        except Exception as exc:  # noqa: BLE001 - reported where the file is used
+            self.loaded[path] = exc
+
+    def get(self, path: Path):
+        if path not in self.loaded:
+            self.read(path)
+        value = self.loaded[path]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+
+def _check(spec: dict, files: _Files, task) -> dict:
     import torch
 
     from sandbox.harness.compare import compare_outputs
 
     device, dtype = spec["device"], _dtype(spec)
-    task = _load_task(spec)
     expected = {s["name"]: s["outputs"] for s in spec["prepared_shapes"]}
     cases = []
     for shape in spec["shapes"]:
         for seed in spec["seeds"]:
             where = f"at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed}"
-            saved = torch.load(_input_path(spec, shape["name"], seed), weights_only=True, map_location=device)
+            saved = files.get(_input_path(spec, shape["name"], seed))
             for name, value in shape["sizes"].items():
                 setattr(task, name, value)
             model = _build_model(spec, task, saved["init"], seed, device, dtype).to(torch.float64)
@@ -195,10 +231,9 @@ def check(spec: dict) -> dict:
                     for a in to_device(saved["args"], device, shape["layout"])]
             with torch.no_grad():
                 refs = as_outputs(_task_call("float64 reference", spec, model, *args))
-            out_path = Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt"
+            del args
             try:
-                # weights_only: the file was written by untrusted code; never unpickle arbitrary objects.
-                outs = torch.load(out_path, weights_only=True, map_location=device)
+                outs = files.get(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
             except Exception as exc:  # noqa: BLE001
                 cases.append({"shape": shape["name"], "seed": seed, "kind": "wrong_output",
                               "reason": f"unreadable candidate output {where}: {type(exc).__name__}: {exc}"})
@@ -208,11 +243,11 @@ def check(spec: dict) -> dict:
             else:
                 failure = compare_outputs(outs, refs, expected[shape["name"]], spec["tolerances"], where)
             cases.append({"shape": shape["name"], "seed": seed, **(failure or {"kind": "pass", "reason": ""})})
-        cases.append(_check_timed_call(spec, task, shape, expected[shape["name"]], device, dtype))
+        cases.append(_check_timed_call(spec, files, task, shape, expected[shape["name"]], device, dtype))
     return {"status": "ok", "cases": cases}
 
 
-def _check_timed_call(spec: dict, task, shape: dict, expected: list, device: str, dtype) -> dict:
+def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: list, device: str, dtype) -> dict:
     """The output of one random timed call, against the reference for the exact (rolled) inputs it was given."""
     import torch
 
@@ -220,8 +255,7 @@ def _check_timed_call(spec: dict, task, shape: dict, expected: list, device: str
 
     case = {"shape": shape["name"], "seed": "timed"}
     try:
-        spot = torch.load(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt", weights_only=True,
-                          map_location=device)
+        spot = files.get(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
         seed, rolls, outs = spot["seed"], spot["rolls"], spot["outs"]
         if seed not in spec["seeds"] or not isinstance(rolls, int) or rolls < 1:
             raise ValueError(f"implausible record (seed {seed!r}, rolls {rolls!r})")
@@ -231,7 +265,7 @@ def _check_timed_call(spec: dict, task, shape: dict, expected: list, device: str
         return case | {"kind": "timed_output_mismatch",
                        "reason": f"no usable record of a timed call at shape {shape['name']}: {exc}"}
     where = f"in a timed call at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed} rolled {rolls}"
-    saved = torch.load(_input_path(spec, shape["name"], seed), weights_only=True, map_location=device)
+    saved = files.get(_input_path(spec, shape["name"], seed))
     for name, value in shape["sizes"].items():
         setattr(task, name, value)
     args = []
@@ -243,7 +277,7 @@ def _check_timed_call(spec: dict, task, shape: dict, expected: list, device: str
         args.append(a)
     # Timing uses one model for every input set: the one built under the first seed (see candidate.run).
     first = spec["seeds"][0]
-    init = torch.load(_input_path(spec, shape["name"], first), weights_only=True, map_location=device)["init"]
+    init = files.get(_input_path(spec, shape["name"], first))["init"]
     model = _build_model(spec, task, init, first, device, dtype).to(torch.float64)
     with torch.no_grad():
         refs = as_outputs(_task_call("float64 reference", spec, model, *args))

@@ -136,3 +136,14 @@ def test_llm_proposer_against_real_vllm(appliance, home, monkeypatch):
     proposed = rows(home, "SELECT status, failure FROM candidate WHERE proposer = 'llm'")
     assert proposed and all(status in ("evaluated", "proposal_failed") for status, _ in proposed)
     assert not any("llm_rejected" in (failure or "") for _, failure in proposed), proposed
+
+
+def test_evaluations_in_flight_overlap_but_take_turns_on_the_device(appliance, home):
+    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "5", "--batch", "2", "--workers", "2")
+    assert code == 0, summary
+    assert summary["evaluated"] == 5 and summary["passed"] == 5
+    turns = [json.loads(d)["device_turns"] for (d,) in rows(home, "SELECT details FROM evaluation ORDER BY id")]
+    # The seed: its prepare holds the device throughout, then the candidate's and the check's turns.
+    assert turns[0]["held_s"] > 0 and all(t["held_s"] > 0 for t in turns)
+    # Two in flight: one of them waited for the other's turn at least once.
+    assert any(t["wait_s"] > 0.01 for t in turns[1:]), turns
