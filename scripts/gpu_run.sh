@@ -12,14 +12,7 @@ while [ $# -gt 0 ]; do
   case $1 in --only) only=$2; shift 2 ;; --skip-tests) skip_tests=1; shift ;; *) shift ;; esac
 done
 mkdir -p "$out"
-site=/tmp/appliance-site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-  $(ls .whl/*.whl | grep -v kernel_optimizer_appliance) || exit 1
-export PYTHONPATH="$PWD:$site" PYTHONUNBUFFERED=1
-if ! command -v bwrap >/dev/null; then
-  dpkg -x .whl/bubblewrap_*.deb /tmp/bwrap-root && export APPLIANCE_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
-fi
-export APPLIANCE_HOME=/dev/shm/appliance   # job dirs hold gigabytes of inputs: keep them in memory
+source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
 if [ $skip_tests = 0 ]; then
   python3 -m pytest tests/evaluation/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$out/pytest-gpu.log" | tail -15
