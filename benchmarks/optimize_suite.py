@@ -65,6 +65,8 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
            "--max-candidates", str(args.max_candidates), "--json", "--device", device]
     if device == "cuda":
         cmd += ["--gpus", args.gpus]
+    if args.in_flight:
+        cmd += ["--workers", str(args.in_flight)]
     if args.max_wall:
         cmd += ["--max-wall", str(args.max_wall)]
     t0 = time.perf_counter()
@@ -116,6 +118,7 @@ def main() -> int:
     parser.add_argument("--gpus", default="0", help="evaluation GPUs, e.g. 0,1 (cuda only)")
     parser.add_argument("--max-wall", type=float, help="per task: the run's wall budget, seconds (fits a time slot)")
     parser.add_argument("--compare-naive", action="store_true")
+    parser.add_argument("--in-flight", type=int, help="evaluations in flight per device (default: the CLI's)")
     parser.add_argument("--out", type=Path, help="where run databases and results.md go (default: a temp dir)")
     args = parser.parse_args()
 

@@ -325,11 +325,13 @@ class Pipeline:
 
 
 def _sum_turns(turns: list[dict]) -> dict:
-    """An evaluation's time with the device to itself (what GPU-seconds are charged for), its waiting, its energy."""
+    """An evaluation's time with the device to itself (what GPU-seconds are charged for), its waiting, its energy;
+    and each process's share (in the order they ran)."""
     joules = [t["joules"] for t in turns if t.get("joules") is not None]
     return {"held_s": round(sum(t.get("held_s", 0.0) for t in turns), 3),
             "wait_s": round(sum(t.get("wait_s", 0.0) for t in turns), 3),
-            "joules": round(sum(joules), 3) if joules else None}
+            "joules": round(sum(joules), 3) if joules else None,
+            "held_s_by_process": [t.get("held_s", 0.0) for t in turns]}
 
 
 def _python() -> str:

@@ -108,7 +108,7 @@ def run(spec: dict) -> dict:
     for shape in spec["shapes"]:
         sets = []
         for seed in spec["seeds"]:
-            saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True,
+            saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True, mmap=True,
                                map_location=device)
             torch.manual_seed(seed)
             try:
@@ -220,7 +220,8 @@ def profile(spec: dict) -> int:
 
     module = load_module(spec["candidate_file"], "candidate")
     shape, seed = spec["shapes"][0], spec["seeds"][0]
-    saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True, map_location="cuda")
+    saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True, mmap=True,
+                       map_location="cuda")
     torch.manual_seed(seed)
     model = module.ModelNew(*saved["init"]).to("cuda")
     if spec["dtype"]:

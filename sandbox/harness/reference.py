@@ -199,7 +199,7 @@ class _Files:
         import torch
 
         try:
-            self.loaded[path] = torch.load(path, weights_only=True, map_location=self.device)
+            self.loaded[path] = torch.load(path, weights_only=True, mmap=True, map_location=self.device)
         except Exception as exc:  # noqa: BLE001 - reported where the file is used
             self.loaded[path] = exc
 

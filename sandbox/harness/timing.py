@@ -1,6 +1,7 @@
 """One timing loop for the candidate and the baselines alike, so their numbers compare.
 
-GPU: warm up, flush L2 before every call, CUDA events around each call, adaptive repetition count.
+GPU: warm up, flush L2 before every call, CUDA events around each call, batches of calls until the median is
+stable (it moved less than 0.2% in the last batch) or the time budget is spent.
 CPU: the same loop with perf_counter; results are labelled device="cpu" and never mixed with GPU numbers.
 
 No two timed calls see the same values: input sets rotate, and before every call (outside the timed region)
@@ -21,6 +22,9 @@ import random
 import statistics
 import time
 from typing import Callable
+
+STABLE_BATCH = 50  # timed calls between two looks at the median
+STABLE_REL = 0.002  # the median is stable when a batch moved it by less than this fraction
 
 
 def rollable(a) -> bool:
@@ -44,9 +48,9 @@ def time_calls(
     device: str,
     budget_s: float = 1.0,
     min_reps: int = 5,
-    max_reps: int = 300,
+    max_reps: int = 1000,
     energy_meter=None,
-    energy_window_s: float = 0.5,
+    energy_window_s: float = 0.3,
 ) -> tuple[dict, dict]:
     """Returns (summary, spot): spot = {"set": k, "rolls": n, "outs": outputs of one random timed call}."""
     import torch
@@ -66,38 +70,48 @@ def time_calls(
         fn(*input_sets[0])
         sync()
         estimate = max(clock() - t0, 1e-6)
-        reps = int(min(max_reps, max(min_reps, budget_s / estimate)))
-        spot_index = random.SystemRandom().randrange(reps)
+        cap = int(min(max_reps, max(min_reps, budget_s / estimate)))  # the budget bounds the calls
+        batch = max(min_reps, STABLE_BATCH)
+        pick = random.SystemRandom()
         spot: dict = {}
-
-        samples = []
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(reps)] if cuda else []
-        for i in range(reps):
-            k = i % len(input_sets)
-            args = input_sets[k]
-            roll_inputs(args)
-            rolls[k] += 1
-            flush()
+        samples: list[float] = []
+        previous = None
+        # Timed in batches; stop once the median moved less than STABLE_REL since the previous batch.
+        while len(samples) < cap:
+            n = min(batch, cap - len(samples))
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(n)] if cuda else []
+            for j in range(n):
+                i = len(samples) + (j if cuda else 0)
+                k = i % len(input_sets)
+                args = input_sets[k]
+                roll_inputs(args)
+                rolls[k] += 1
+                flush()
+                if cuda:
+                    events[j][0].record()
+                    out = fn(*args)
+                    events[j][1].record()
+                else:
+                    t0 = clock()
+                    out = fn(*args)
+                    samples.append((clock() - t0) * 1e3)
+                # The spot is one call drawn uniformly from all the timed calls made, however many that turns out
+                # to be (reservoir sampling); cloned, as an honest candidate may reuse its output buffer.
+                if pick.random() * (i + 1) < 1:
+                    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+                    spot = {"set": k, "rolls": rolls[k],
+                            "outs": [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs]}
+            sync()
             if cuda:
-                events[i][0].record()
-                out = fn(*args)
-                events[i][1].record()
-            else:
-                t0 = clock()
-                out = fn(*args)
-                samples.append((clock() - t0) * 1e3)
-            if i == spot_index:
-                # Cloned: an honest candidate may reuse its output buffer on the next call.
-                outs = list(out) if isinstance(out, (tuple, list)) else [out]
-                spot = {"set": k, "rolls": rolls[k],
-                        "outs": [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs]}
-        sync()
-        if cuda:
-            samples = [s.elapsed_time(e) for s, e in events]
+                samples += [s.elapsed_time(e) for s, e in events]
+            median = statistics.median(samples)
+            if previous is not None and abs(median - previous) <= STABLE_REL * median:
+                break
+            previous = median
         summary = summarize(samples, device)
         if cuda:
-            summary.update(_device_wide(fn, input_sets, flush, sync, calls=min(reps, 20)))
+            summary.update(_device_wide(fn, input_sets, flush, sync, calls=min(len(samples), 20)))
             if energy_meter is not None:
                 summary.update(_energy(fn, input_sets, sync, clock, energy_meter, summary["median_ms"],
                                        energy_window_s))
