@@ -212,6 +212,7 @@ class Pipeline:
                            environment=environment, details=details)
 
         details["provenance"] = cand.get("provenance", {})
+        details["stage_s"] = {"candidate": cand.get("stage_s")}
         fallback = _library_fallback(cand.get("provenance"), prepared["shapes"][0].get("ops", []))
         if fallback:
             return Outcome(**base | dict(verdict="library_fallback", stage="correctness", reason=fallback),
@@ -227,6 +228,7 @@ class Pipeline:
                                 workdir=dirs["check"], ro=[dirs["reference"], dirs["inputs"], dirs["outputs"]],
                                 timeout=s.reference_timeout_s, task=task, wall=wall, turns=turns)
         details["cases"] = checked["cases"]
+        details["stage_s"]["check"] = checked.get("stage_s")
         details["device_turns"] = _sum_turns(turns)
         bad = [c for c in checked["cases"] if c["kind"] != "pass"]
         if bad:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -79,8 +80,23 @@ def _check_untampered(watch: Watch, stage: str, when: str) -> None:
                                "synchronisation, comparison, serialisation and the harness must not be patched")
 
 
+class _Stages:
+    """Seconds per stage of this process (informational: where an evaluation's time goes)."""
+
+    def __init__(self):
+        self.clock = time.perf_counter  # bound before the candidate is imported
+        self.seconds: dict[str, float] = {}
+        self.last = self.clock()
+
+    def done(self, stage: str) -> None:
+        now = self.clock()
+        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self.last, 3)
+        self.last = now
+
+
 def run(spec: dict) -> dict:
     path = spec["candidate_file"]
+    stages = _Stages()
     _progress(spec, "load")
     import torch  # noqa: F401 - before the candidate, so the watch records torch's own functions
 
@@ -96,6 +112,7 @@ def run(spec: dict) -> dict:
     if model_cls is None or not isinstance(model_cls, type):
         raise CandidateFailure("load_error", "load", "candidate defines no class ModelNew (KernelBench convention)")
     _check_untampered(watch, "load", "while importing")
+    stages.done("load")
 
     device = spec["device"]
     dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
@@ -123,14 +140,18 @@ def run(spec: dict) -> dict:
             sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
         staged.append((shape, sets))
 
+    stages.done("compile")
+
     # 2. With the device to itself: the correctness calls, then the timing loop.
     timings, provenance, to_save = {}, {}, []
     with device_turn():
+        stages.done("wait_for_device")
         for shape, sets in staged:
             _progress(spec, "correctness")
             for seed, model, args in sets:
                 outs = _correctness_call(model, args, shape, seed, watch, launches, provenance, sync, path)
                 to_save.append((f"{shape['name']}-{seed}.pt", outs))
+            stages.done("correctness")
             _progress(spec, "timing")
             timed_model, input_sets = sets[0][1], [args for _, _, args in sets]  # the first seed's model times all
             try:
@@ -145,6 +166,7 @@ def run(spec: dict) -> dict:
             to_save.append((f"timed-{shape['name']}.pt",
                             {"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"], "outs": spot_outs}))
             del input_sets, sets[:]
+            stages.done("timing")
 
     # 3. After the turn: outputs to disk for the trusted check (copies to the host are slow at full size).
     outputs_dir = Path(spec["outputs_dir"])
@@ -153,7 +175,8 @@ def run(spec: dict) -> dict:
             torch.save(value | {"outs": [o.cpu() for o in value["outs"]]}, outputs_dir / name)
         else:
             torch.save([o.cpu() for o in value], outputs_dir / name)
-    return {"status": "ok", "timings": timings, "provenance": provenance}
+    stages.done("save_outputs")
+    return {"status": "ok", "timings": timings, "provenance": provenance, "stage_s": stages.seconds}
 
 
 def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> None:

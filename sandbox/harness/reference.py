@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -177,6 +178,7 @@ def _time_baselines(spec: dict, names: list[str], model, input_sets: list, devic
 def check(spec: dict) -> dict:
     """Recompute the reference in float64 from the saved inputs and compare the candidate's saved outputs.
     Every file is read first; only the computing waits for a turn on the device (sandbox/gate.py)."""
+    t0 = time.perf_counter()
     task = _load_task(spec)
     files = _Files(spec["device"])
     for shape in spec["shapes"]:
@@ -184,8 +186,12 @@ def check(spec: dict) -> dict:
             files.read(_input_path(spec, shape["name"], seed))
             files.read(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
         files.read(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
+    read_s = time.perf_counter() - t0
     with device_turn():
-        return _check(spec, files, task)
+        t1 = time.perf_counter()
+        result = _check(spec, files, task)
+    return result | {"stage_s": {"read": round(read_s, 3), "wait_for_device": round(t1 - t0 - read_s, 3),
+                                 "compare": round(time.perf_counter() - t1, 3)}}
 
 
 class _Files:
