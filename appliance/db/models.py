@@ -146,3 +146,30 @@ class Timing(SQLModel, table=True):
     roofline_fraction: float | None = None
     device_wide_ms: float | None = None
     energy_j_per_call: float | None = None
+
+
+class Approval(SQLModel, table=True):
+    """A person's decision on a candidate: "approve" (it may ship) or "reject", with who, when and why.
+    Decisions are appended, never edited: a candidate's latest decision is the one that counts."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: int = Field(foreign_key="run.id", index=True)
+    candidate_id: int = Field(foreign_key="candidate.id", index=True)
+    decision: str  # approve, reject
+    who: str  # the OS user who decided
+    comment: str = Field(default="", sa_type=Text)
+    created_at: datetime = _created_at()
+
+
+class Recheck(SQLModel, table=True):
+    """An approved winner evaluated again later (new GPU, driver or libraries) against its approved evaluation.
+    The new evaluation belongs to a run of kind "recheck" holding a copy of the candidate."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    approval_id: int = Field(foreign_key="approval.id", index=True)
+    candidate_id: int = Field(foreign_key="candidate.id", index=True)  # the approved candidate
+    baseline_evaluation_id: int = Field(foreign_key="evaluation.id")  # the evaluation that was approved
+    evaluation_id: int = Field(foreign_key="evaluation.id")  # the new one
+    regressed: bool
+    reason: str = Field(default="", sa_type=Text)
+    created_at: datetime = _created_at()

@@ -1,8 +1,13 @@
-"""The appliance's database: make_engine (SQLite tuned for several processes, or any SQLAlchemy URL), migrate
-(Alembic to head) and Store, the one object the rest of the appliance reads and writes through.
+"""The appliance's database: make_engine (SQLite tuned for several processes, or any SQLAlchemy URL, PostgreSQL
+through psycopg 3 being the other one tested), migrate (Alembic to head) and Store, the one object the rest of the
+appliance reads and writes through.
 
 Store methods each run in their own short transaction and return plain model objects or small row dataclasses,
-usable after the session is gone; nothing here keeps a session open between calls."""
+usable after the session is gone; nothing here keeps a session open between calls.
+
+Concurrent writers: on SQLite a write transaction takes the database's write lock when it begins, so writers run one
+after another. PostgreSQL runs them side by side (READ COMMITTED), so a write that reads a row before changing it
+locks that row first (`with_for_update`, ignored by SQLite) and sees the latest committed version."""
 
 from __future__ import annotations
 
@@ -17,8 +22,9 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, event, func
+from sqlalchemy import Engine, create_engine, event, func, text
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, col, select
 
@@ -30,6 +36,11 @@ PASS = "pass"
 
 # Execution option read by the SQLite "begin" hook: writers take the write lock when they begin.
 _WRITE_LOCK = "appliance_write_lock"
+# PostgreSQL advisory lock key serialising migrations (any fixed bigint; "appl" in ASCII).
+_MIGRATION_LOCK = 0x6170706C
+# Row lock for read-then-write (PostgreSQL; SQLite ignores it): FOR NO KEY UPDATE, the lock an UPDATE takes anyway. It
+# does not wait for transactions inserting rows that reference the locked one (evaluations of a run, say).
+_ROW_LOCK = {"key_share": True}
 _TIMING_FIELDS = frozenset(Timing.model_fields) - {"id", "evaluation_id"}
 
 
@@ -39,7 +50,9 @@ def sha256(text: str) -> str:
 
 def make_engine(url: str) -> Engine:
     """An engine for `url`. SQLite gets WAL, enforced foreign keys, a 5 s busy wait and real transactions;
-    `sqlite://` (in memory) shares one connection, so every session sees the same database."""
+    `sqlite://` (in memory) shares one connection, so every session sees the same database. Other URLs
+    (postgresql+psycopg://...) get a plain pool at the server's isolation level, READ COMMITTED by default, which
+    the Store's row locks are written for."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True)
@@ -75,9 +88,26 @@ def migrate(engine: Engine, revision: str = "head") -> None:
     transaction."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with engine.execution_options(**{_WRITE_LOCK: True}).begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, revision)
+    with engine.execution_options(**{_WRITE_LOCK: True}).connect() as connection:
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            # A batch migration rebuilds a table (copy, drop, rename): with foreign keys on, dropping a table other
+            # rows point at fails. SQLite ignores this pragma inside a transaction, so it goes before our BEGIN.
+            connection.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with connection.begin():
+                if connection.dialect.name == "postgresql":
+                    # SQLite's write lock serialises processes migrating one new database; PostgreSQL needs a lock
+                    # of its own, else two would both find no alembic_version table and both create it. Released at
+                    # commit.
+                    connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+                config.attributes["connection"] = connection
+                command.upgrade(config, revision)
+                if sqlite and (broken := connection.exec_driver_sql("PRAGMA foreign_key_check").all()):
+                    raise RuntimeError(f"migrating to {revision} broke foreign keys (rolled back): {broken[:5]}")
+        finally:
+            if sqlite:
+                connection.connection.driver_connection.execute("PRAGMA foreign_keys=ON")
 
 
 def schema_version(engine: Engine) -> str:
@@ -149,13 +179,23 @@ class Store:
     def get_or_add_task(self, name: str, path: str | Path, source: str, manifest: str = "") -> Task:
         """The task stored for this file and content, added if new. `path` is stored resolved (absolute)."""
         resolved, digest = str(Path(path).resolve()), sha256(source)
-        with self._write() as session:
-            query = select(Task).where(Task.path == resolved, Task.source_sha256 == digest)
-            task = session.exec(query).first()
-            if task is None:
-                task = Task(name=name, path=resolved, source=source, source_sha256=digest, manifest=manifest)
-                session.add(task)
-            return task
+
+        def get_or_add() -> Task:
+            with self._write() as session:
+                query = select(Task).where(Task.path == resolved, Task.source_sha256 == digest)
+                task = session.exec(query).first()
+                if task is None:
+                    task = Task(name=name, path=resolved, source=source, source_sha256=digest, manifest=manifest)
+                    session.add(task)
+                    session.flush()  # a duplicate is refused here, inside the try below
+                return task
+
+        try:
+            return get_or_add()
+        except IntegrityError:
+            # PostgreSQL: another writer added the same task between our SELECT and INSERT (SQLite's write lock rules
+            # that out) and the unique (path, source_sha256) refused ours; now the SELECT finds theirs.
+            return get_or_add()
 
     def add_run(self, task_id: int, kind: str, config: dict[str, Any] | None = None) -> Run:
         with self._write() as session:
@@ -174,7 +214,7 @@ class Store:
     def _set_run_status(self, run_id: int, status: str, finished_at: datetime | None = None) -> Run:
         assert status in RUN_STATUSES, status
         with self._write() as session:
-            run = session.get(Run, run_id)
+            run = session.get(Run, run_id, with_for_update=_ROW_LOCK)
             if run is None:
                 raise KeyError(f"no run {run_id}")
             run.status, run.finished_at = status, finished_at
@@ -216,7 +256,7 @@ class Store:
 
     def set_candidate_status(self, candidate_id: int, status: str) -> None:
         with self._write() as session:
-            candidate = session.get(Candidate, candidate_id)
+            candidate = session.get(Candidate, candidate_id, with_for_update=_ROW_LOCK)
             if candidate is None:
                 raise KeyError(f"no candidate {candidate_id}")
             candidate.status = status
@@ -225,7 +265,9 @@ class Store:
         """After a crash: candidates left mid-evaluation go back to the queue. Returns how many."""
         with self._write() as session:
             query = select(Candidate).where(Candidate.run_id == run_id, Candidate.status == "evaluating")
-            rows = session.exec(query).all()
+            # Locked: on PostgreSQL a candidate whose evaluation is being stored right now is re-checked once that
+            # commits, and skipped as "evaluated" instead of being queued to run a second time.
+            rows = session.exec(query.with_for_update(**_ROW_LOCK)).all()
             for candidate in rows:
                 candidate.status = "queued"
             return len(rows)
@@ -234,7 +276,7 @@ class Store:
                    config: dict[str, Any] | None = None) -> Run:
         assert status is None or status in RUN_STATUSES, status
         with self._write() as session:
-            run = session.get(Run, run_id)
+            run = session.get(Run, run_id, with_for_update=_ROW_LOCK)
             if run is None:
                 raise KeyError(f"no run {run_id}")
             if status is not None:
@@ -269,6 +311,10 @@ class Store:
             if unknown := set(timing) - _TIMING_FIELDS:
                 raise ValueError(f"unknown timing fields {sorted(unknown)}; expected {sorted(_TIMING_FIELDS)}")
         with self._write() as session:
+            # The candidate first, locked: a requeue racing with this waits for it and then sees "evaluated".
+            candidate = session.get(Candidate, candidate_id, with_for_update=_ROW_LOCK)
+            if candidate is not None:
+                candidate.status = "evaluated"  # in the same transaction: never evaluated twice after a crash
             evaluation = Evaluation(
                 candidate_id=candidate_id,
                 run_id=run_id,
@@ -284,9 +330,6 @@ class Store:
                 details=details or {},
             )
             session.add(evaluation)
-            candidate = session.get(Candidate, candidate_id)
-            if candidate is not None:
-                candidate.status = "evaluated"  # in the same transaction: never evaluated twice after a crash
             session.flush()  # assigns evaluation.id for the timings
             session.add_all(  # sizes None (a shape the client could not size) is stored as {} like the default
                 Timing(**{**timing, "evaluation_id": evaluation.id, "sizes": timing.get("sizes") or {}})
@@ -384,3 +427,58 @@ class Store:
         )
         with self._read() as session:
             return [RunRow(**row._mapping) for row in session.exec(query)]
+
+    # --- human review: approvals and rechecks (appliance/review.py) ---
+    # Models imported here so this block stays separate from the imports at the top of the file.
+
+    def add_approval(self, run_id: int, candidate_id: int, decision: str, who: str, comment: str) -> Any:
+        from appliance.db.models import Approval
+
+        assert decision in ("approve", "reject"), decision
+        with self._write() as session:
+            approval = Approval(run_id=run_id, candidate_id=candidate_id, decision=decision, who=who,
+                                comment=comment)
+            session.add(approval)
+            return approval
+
+    def approvals(self, run_id: int | None = None) -> list[Any]:
+        """Decisions oldest first, of one run or of all runs."""
+        from appliance.db.models import Approval
+
+        query = select(Approval).order_by(col(Approval.id))
+        if run_id is not None:
+            query = query.where(Approval.run_id == run_id)
+        with self._read() as session:
+            return list(session.exec(query).all())
+
+    def add_recheck(self, approval_id: int, candidate_id: int, baseline_evaluation_id: int, evaluation_id: int,
+                    regressed: bool, reason: str) -> Any:
+        from appliance.db.models import Recheck
+
+        with self._write() as session:
+            recheck = Recheck(approval_id=approval_id, candidate_id=candidate_id, regressed=regressed, reason=reason,
+                              baseline_evaluation_id=baseline_evaluation_id, evaluation_id=evaluation_id)
+            session.add(recheck)
+            return recheck
+
+    def rechecks(self, candidate_id: int | None = None) -> list[Any]:
+        """Rechecks oldest first, of one approved candidate or of all."""
+        from appliance.db.models import Recheck
+
+        query = select(Recheck).order_by(col(Recheck.id))
+        if candidate_id is not None:
+            query = query.where(Recheck.candidate_id == candidate_id)
+        with self._read() as session:
+            return list(session.exec(query).all())
+
+    def run_timings(self, run_id: int) -> list[Timing]:
+        """Every timing row of a run's evaluations, in insertion order (one query for a whole leaderboard)."""
+        query = (select(Timing).join(Evaluation, col(Evaluation.id) == Timing.evaluation_id)
+                 .where(Evaluation.run_id == run_id).order_by(col(Timing.id)))
+        with self._read() as session:
+            return list(session.exec(query).all())
+
+    def get_runs(self, run_ids: Iterable[int]) -> list[Run]:
+        """Several runs at once (budgets and state for a list of runs)."""
+        with self._read() as session:
+            return list(session.exec(select(Run).where(col(Run.id).in_(list(run_ids)))).all())

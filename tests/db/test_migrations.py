@@ -1,8 +1,8 @@
-"""The Alembic migrations against real SQLite files: they build exactly the models' schema, and re-running is safe."""
+"""The Alembic migrations against real databases (SQLite files and PostgreSQL, see conftest.py): they build exactly
+the models' schema, re-running is safe, and an old database keeps its rows."""
 
 from __future__ import annotations
 
-import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from sqlmodel import SQLModel
 from appliance.db import Store, make_engine, migrate, schema_version
 from appliance.db.store import MIGRATIONS_DIR
 
-TABLES = {"task", "run", "candidate", "evaluation", "timing"}
+TABLES = set(SQLModel.metadata.tables)  # every model's table (task, run, candidate, evaluation, timing, ...)
 HEAD = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
 
 
@@ -30,8 +30,8 @@ def schema_diff(engine: sa.Engine, metadata: sa.MetaData) -> list:
 
 
 @pytest.fixture
-def engine(tmp_path: Path):
-    engine = make_engine(url(tmp_path / "appliance.db"))
+def engine(db_url: str):
+    engine = make_engine(db_url)
     yield engine
     engine.dispose()
 
@@ -66,12 +66,12 @@ def test_schema_check_notices_a_model_change(engine: sa.Engine) -> None:
     assert {"add_column", "modify_type", "modify_nullable", "add_index", "remove_constraint"} <= kinds
 
 
-def test_migrating_again_is_a_no_op_that_keeps_rows(tmp_path: Path) -> None:
-    store = Store.open(url(tmp_path / "appliance.db"))
+def test_migrating_again_is_a_no_op_that_keeps_rows(db_url: str, tmp_path: Path) -> None:
+    store = Store.open(db_url)
     task = store.get_or_add_task("relu", tmp_path / "relu.py", "class Model: ...", "")
     store.close()
 
-    reopened = Store.open(url(tmp_path / "appliance.db"))
+    reopened = Store.open(db_url)
     migrate(reopened.engine)
     assert schema_version(reopened.engine) == HEAD
     again = reopened.get_or_add_task("relu", tmp_path / "relu.py", "class Model: ...", "")
@@ -79,10 +79,11 @@ def test_migrating_again_is_a_no_op_that_keeps_rows(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_processes_starting_together_on_a_new_file_all_migrate(tmp_path: Path) -> None:
-    # Controller, CLI and TUI may open a fresh database at once: the write lock serialises their migrations.
+def test_processes_starting_together_on_a_new_database_all_migrate(db_url: str) -> None:
+    # Controller, CLI and TUI may open a fresh database at once: a lock (SQLite's write lock, a PostgreSQL advisory
+    # lock) serialises their migrations.
     def open_and_close(_: int) -> str:
-        store = Store.open(url(tmp_path / "fresh.db"))
+        store = Store.open(db_url)
         version = schema_version(store.engine)
         store.close()
         return version
@@ -109,15 +110,27 @@ def test_in_memory_database_is_shared_between_sessions() -> None:
     store.close()
 
 
-def test_upgrading_an_old_database_keeps_its_rows(tmp_path: Path) -> None:
-    engine = make_engine(url(tmp_path / "appliance.db"))
+def test_upgrading_an_old_database_keeps_its_rows(engine: sa.Engine) -> None:
     migrate(engine, "0001")
-    with sqlite3.connect(tmp_path / "appliance.db") as c:  # plain sqlite3: no foreign keys for this lone row
-        c.execute("INSERT INTO timing (evaluation_id, shape, sizes, implementation, device, median_ms) "
-                  "VALUES (1, 'main', '{}', 'candidate', 'cuda', 0.5)")
+    with engine.begin() as c:  # a row in each table, as the 0001 schema had them
+        for insert in (
+            "INSERT INTO task (id, name, path, source, source_sha256, manifest, created_at) "
+            "VALUES (1, 'relu', '/t/relu.py', 'src', 'abc', '', CURRENT_TIMESTAMP)",
+            "INSERT INTO run (id, task_id, kind, status, config, created_at) "
+            "VALUES (1, 1, 'optimize', 'running', '{}', CURRENT_TIMESTAMP)",
+            "INSERT INTO candidate (id, run_id, task_id, source, source_sha256, proposer, created_at) "
+            "VALUES (1, 1, 1, 'src', 'abc', 'llm', CURRENT_TIMESTAMP)",
+            "INSERT INTO evaluation (id, candidate_id, run_id, verdict, stage, reason, jailed, device, mode, "
+            "environment, details, created_at) "
+            "VALUES (1, 1, 1, 'pass', 'done', '', TRUE, 'cuda', 'full', '{}', '{}', CURRENT_TIMESTAMP)",
+            "INSERT INTO timing (evaluation_id, shape, sizes, implementation, device, median_ms) "
+            "VALUES (1, 'main', '{}', 'candidate', 'cuda', 0.5)",
+        ):
+            c.execute(sa.text(insert))
     migrate(engine)
     assert schema_version(engine) == HEAD
     with engine.connect() as c:
-        row = c.execute(sa.text("SELECT median_ms, roofline_fraction FROM timing")).one()
-    assert tuple(row) == (0.5, None)
-    engine.dispose()
+        assert tuple(c.execute(sa.text("SELECT median_ms, roofline_fraction FROM timing")).one()) == (0.5, None)
+        # 0003's new columns got their server defaults on the old rows.
+        assert tuple(c.execute(sa.text("SELECT status, tokens_in, note FROM candidate")).one()) == ("evaluated", 0, "")
+        assert c.execute(sa.text("SELECT state FROM run")).scalar() in ({}, "{}")  # JSON parsed by psycopg only

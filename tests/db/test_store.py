@@ -1,4 +1,5 @@
-"""Store round trips on a real SQLite file: what goes in comes back, linked, counted and ordered."""
+"""Store round trips on a real database (SQLite file and PostgreSQL, see conftest.py): what goes in comes back,
+linked, counted and ordered."""
 
 from __future__ import annotations
 
@@ -15,11 +16,6 @@ from appliance.db import Store
 from appliance.db.models import Evaluation, Timing
 
 REFERENCE = "class Model:\n    def forward(self, x):\n        return x.relu()\n"
-
-
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'state' / 'appliance.db'}"
 
 
 @pytest.fixture
