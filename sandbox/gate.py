@@ -1,24 +1,28 @@
-"""One evaluation device, many evaluations in flight: only their measuring phases take turns.
+"""One evaluation device, many evaluations in flight: they take turns on it.
 
-Loading a candidate, compiling it, writing and reading its outputs and starting processes take most of an
-evaluation's time but hardly touch the GPU; running it for correctness and timing must have the GPU alone. So
-several evaluations run at once per device and a `DeviceGate` hands out the device in turns:
+Starting processes, importing, reading and writing files take most of an evaluation's time and need no GPU; they
+overlap freely. GPU work comes in two kinds, and a `DeviceGate` (a readers-writer lock) keeps them apart:
+
+  - measuring (correctness calls, timing, the float64 check, baselines, ceilings, Nsight Compute): an exclusive turn,
+    with no other work of ours on the device, because other contexts' kernels and copies time-slice with the
+    measured ones and skew both the timings and the energy;
+  - light use (uploading inputs, building models, the first call that compiles, downloading outputs): a shared turn,
+    any number at once, never during an exclusive one.
 
     harness process (jailed)                     trusted side (a thread per process, in the controller)
-      ... load, compile: no turn needed ...
-      writes b"A" to its request pipe      ->    waits for the device's lock, reads the energy counter,
-      blocks reading its grant pipe        <-    writes b"G"
-      ... correctness, timing ...
-      writes b"R"                          ->    reads the energy counter, releases the lock
+      writes b"S" (shared) or b"A" (exclusive) ->  waits for that kind of turn (energy counter read for A)
+      blocks reading its grant pipe          <-    writes b"G"
+      ... GPU work ...
+      writes b"R"                            ->    releases the turn
 
 A process that exits (or is killed) while holding a turn releases it: the request pipe's end-of-file does. Nothing
-a jailed process writes can take the lock twice or keep it past its own life; the wall-clock timeout still
-applies, so a turn lasts at most as long as its process may. Turns are recorded per process (seconds waited,
-seconds held, joules while held): GPU-seconds and energy are charged for held time only, so evaluations that
-overlap are not charged twice.
+a jailed process writes can take two turns or keep one past its own life; the wall-clock timeout still applies.
+Turns are recorded per process (seconds waited, seconds held exclusively, joules while held exclusively):
+GPU-seconds and energy are charged for exclusive time only, so evaluations that overlap are not charged twice.
+Waiting exclusive turns go first: light use never starves measuring.
 
-The harness side is `sandbox.harness.common.device_turn()`; processes that need the device from start to end
-(baseline timing, the ceilings, Nsight Compute) are run with `exclusive=True` and hold a turn throughout.
+The harness side is `sandbox.harness.common.device_turn()`; processes that measure from start to end (baselines,
+ceilings, Nsight Compute) are run with `exclusive=True` and hold an exclusive turn throughout.
 """
 
 from __future__ import annotations
@@ -35,39 +39,64 @@ ENV_FDS = "APPLIANCE_TURN_FDS"  # "REQUEST_FD,GRANT_FD" inside the jail
 class TurnRecord:
     turns: int = 0
     wait_s: float = 0.0
-    held_s: float = 0.0
+    held_s: float = 0.0  # exclusive turns
+    shared_s: float = 0.0  # shared turns (they overlap each other: not charged)
     joules: float | None = None  # None where no energy counter can be read (CPU, no NVML)
 
     def as_dict(self) -> dict:
         return {"turns": self.turns, "wait_s": round(self.wait_s, 3), "held_s": round(self.held_s, 3),
+                "shared_s": round(self.shared_s, 3),
                 "joules": None if self.joules is None else round(self.joules, 3)}
 
 
 @dataclass
 class DeviceGate:
-    """The turn lock of one evaluation device (a GPU, or the CPU of a CPU-only host)."""
+    """The turns of one evaluation device (a GPU, or the CPU of a CPU-only host)."""
 
-    energy_meter: object | None = None  # sandbox.harness.energy.EnergyMeter of the GPU, read around each turn
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    energy_meter: object | None = None  # sandbox.harness.energy.EnergyMeter of the GPU, read around exclusive turns
+    _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _exclusive: bool = field(default=False, repr=False)
+    _shared: int = field(default=0, repr=False)
+    _exclusive_waiting: int = field(default=0, repr=False)
 
     def _millijoules(self) -> int | None:
         return self.energy_meter.millijoules() if self.energy_meter is not None else None
 
-    def acquire(self, record: TurnRecord) -> tuple[float, int | None]:
+    def acquire(self, record: TurnRecord, exclusive: bool = True) -> tuple[bool, float, int | None]:
         t0 = time.monotonic()
-        self._lock.acquire()
+        with self._cond:
+            if exclusive:
+                self._exclusive_waiting += 1
+                self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+                self._exclusive_waiting -= 1
+                self._exclusive = True
+            else:
+                self._cond.wait_for(lambda: not self._exclusive and self._exclusive_waiting == 0)
+                self._shared += 1
         now = time.monotonic()
         record.turns += 1
         record.wait_s += now - t0
-        return now, self._millijoules()
+        return exclusive, now, self._millijoules() if exclusive else None
 
-    def release(self, record: TurnRecord, since: tuple[float, int | None]) -> None:
-        started, mj0 = since
-        mj1 = self._millijoules()
-        record.held_s += time.monotonic() - started
-        if mj0 is not None and mj1 is not None:
-            record.joules = (record.joules or 0.0) + (mj1 - mj0) / 1e3
-        self._lock.release()
+    def release(self, record: TurnRecord, since: tuple[bool, float, int | None]) -> None:
+        exclusive, started, mj0 = since
+        if exclusive:
+            mj1 = self._millijoules()
+            record.held_s += time.monotonic() - started
+            if mj0 is not None and mj1 is not None:
+                record.joules = (record.joules or 0.0) + (mj1 - mj0) / 1e3
+        else:
+            record.shared_s += time.monotonic() - started
+        with self._cond:
+            if exclusive:
+                self._exclusive = False
+            else:
+                self._shared -= 1
+            self._cond.notify_all()
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._exclusive and self._shared == 0
 
     def open_channel(self) -> TurnChannel:
         return TurnChannel(self)
@@ -112,8 +141,8 @@ class TurnChannel:
         try:
             while chunk := os.read(self._request_r, 64):
                 for byte in chunk:
-                    if byte == ord("A") and held is None:
-                        held = self.gate.acquire(self.record)
+                    if byte in (ord("A"), ord("S")) and held is None:
+                        held = self.gate.acquire(self.record, exclusive=byte == ord("A"))
                         try:
                             os.write(self._grant_w, b"G")
                         except OSError:  # the process died while it waited: give the turn straight back

@@ -118,27 +118,30 @@ def run(spec: dict) -> dict:
     dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    # 1. Without the device to itself: every shape's inputs and models, and a first call per shape on a copy of
-    #    its inputs, so that JIT compilation and autotuning overlap with other evaluations' measurements.
+    # 1. Every shape's inputs read (no turn), then, in a shared turn per shape, uploaded, its models built and a
+    #    first call made on a copy of the inputs: JIT compilation and autotuning stay out of the measuring turn.
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
     staged = []
     for shape in spec["shapes"]:
+        saved_sets = [(seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True,
+                                        mmap=True, map_location="cpu")) for seed in spec["seeds"]]
         sets = []
-        for seed in spec["seeds"]:
-            saved = torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True, mmap=True,
-                               map_location=device)
-            torch.manual_seed(seed)
-            try:
-                model = model_cls(*saved["init"]).to(device)
-                if dtype is not None:
-                    model = model.to(dtype)
-            except BaseException as exc:  # noqa: BLE001
-                raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
-            if not sets:
-                _first_call(model, saved["args"], shape, device, sync, path)
-                _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
-            sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
+        with device_turn(shared=True):
+            for seed, saved in saved_sets:
+                torch.manual_seed(seed)
+                try:
+                    model = model_cls(*saved["init"]).to(device)
+                    if dtype is not None:
+                        model = model.to(dtype)
+                except BaseException as exc:  # noqa: BLE001
+                    raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
+                if not sets:
+                    _first_call(model, saved["args"], shape, device, sync, path)
+                    _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
+                sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
+            sync()
         staged.append((shape, sets))
+        del saved_sets
 
     stages.done("compile")
 
@@ -168,13 +171,14 @@ def run(spec: dict) -> dict:
             del input_sets, sets[:]
             stages.done("timing")
 
-    # 3. After the turn: outputs to disk for the trusted check (copies to the host are slow at full size).
+    # 3. Outputs downloaded in a shared turn, then written for the trusted check.
+    with device_turn(shared=True):
+        host = [(name, value | {"outs": [o.cpu() for o in value["outs"]]} if isinstance(value, dict)
+                 else [o.cpu() for o in value]) for name, value in to_save]
+    del to_save
     outputs_dir = Path(spec["outputs_dir"])
-    for name, value in to_save:
-        if isinstance(value, dict):
-            torch.save(value | {"outs": [o.cpu() for o in value["outs"]]}, outputs_dir / name)
-        else:
-            torch.save([o.cpu() for o in value], outputs_dir / name)
+    for name, value in host:
+        torch.save(value, outputs_dir / name)
     stages.done("save_outputs")
     return {"status": "ok", "timings": timings, "provenance": provenance, "stage_s": stages.seconds}
 

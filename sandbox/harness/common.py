@@ -25,14 +25,15 @@ def prepare_device(device: str) -> None:
 
 
 @contextmanager
-def device_turn() -> Iterator[None]:
-    """Have the evaluation device alone for the block (correctness, timing): other evaluations in flight on it
-    wait. Without a gate (a single evaluation, the CPU tests) the block just runs."""
+def device_turn(shared: bool = False) -> Iterator[None]:
+    """A turn on the evaluation device (sandbox/gate.py): exclusive for measuring (no other work of ours on the
+    device), shared for light use (uploads, first calls, downloads; never during a measurement). Without a gate
+    (a single evaluation, the CPU tests) the block just runs."""
     if _TURN_FDS is None:
         yield
         return
     request, grant = _TURN_FDS
-    os.write(request, b"A")
+    os.write(request, b"S" if shared else b"A")
     if os.read(grant, 1) != b"G":
         raise RuntimeError("the device gate closed before granting a turn")
     try:

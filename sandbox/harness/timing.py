@@ -23,6 +23,9 @@ import statistics
 import time
 from typing import Callable
 
+# The device-wide time may exceed the quoted median by this much before the controller calls it a mismatch.
+MISMATCH_RATIO, MISMATCH_SLACK_MS = 1.5, 0.05
+DEVICE_WIDE_ATTEMPTS = 3  # a mismatch is measured again (other contexts' work can delay a whole attempt)
 STABLE_BATCH = 50  # timed calls between two looks at the median
 STABLE_REL = 0.002  # the median is stable when a batch moved it by less than this fraction
 
@@ -111,14 +114,15 @@ def time_calls(
             previous = median
         summary = summarize(samples, device)
         if cuda:
-            summary.update(_device_wide(fn, input_sets, flush, sync, calls=min(len(samples), 20)))
+            summary.update(_device_wide(fn, input_sets, flush, sync, calls=min(len(samples), 20),
+                                        quoted_ms=summary["median_ms"]))
             if energy_meter is not None:
                 summary.update(_energy(fn, input_sets, sync, clock, energy_meter, summary["median_ms"],
                                        energy_window_s))
     return summary, spot
 
 
-def _device_wide(fn, input_sets: list, flush, sync, calls: int) -> dict:
+def _device_wide(fn, input_sets: list, flush, sync, calls: int, quoted_ms: float) -> dict:
     import torch
 
     def bracket(call) -> float:
@@ -134,9 +138,22 @@ def _device_wide(fn, input_sets: list, flush, sync, calls: int) -> dict:
         sync()
         return start.elapsed_time(end)
 
-    empty = statistics.median(bracket(lambda: None) for _ in range(calls))
-    full = statistics.median(bracket(lambda i=i: fn(*input_sets[i % len(input_sets)])) for i in range(calls))
-    return {"device_wide_ms": max(full - empty, 0.0), "sync_latency_ms": empty}
+    def attempt() -> dict:
+        # Empty and full brackets alternate, so a slow stretch of the device delays both alike and cancels out.
+        empty, net = [], []
+        for i in range(calls):
+            e = bracket(lambda: None)
+            net.append(bracket(lambda i=i: fn(*input_sets[i % len(input_sets)])) - e)
+            empty.append(e)
+        return {"device_wide_ms": max(statistics.median(net), 0.0), "sync_latency_ms": statistics.median(empty)}
+
+    best = attempt()
+    for _ in range(DEVICE_WIDE_ATTEMPTS - 1):
+        if best["device_wide_ms"] <= MISMATCH_RATIO * quoted_ms + MISMATCH_SLACK_MS:
+            break
+        again = attempt()  # work that is really outside the timed stream shows up in every attempt
+        best = min(best, again, key=lambda r: r["device_wide_ms"])
+    return best
 
 
 def _energy(fn, input_sets: list, sync, clock, meter, median_ms: float, window_s: float) -> dict:

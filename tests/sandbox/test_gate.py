@@ -86,4 +86,4 @@ def test_an_exclusive_process_holds_the_device_from_start_to_end(tmp_path):
     run = Jail().run([sys.executable, "-c", "import time; time.sleep(0.3)"], workdir=tmp_path / "a", gate=gate,
                      exclusive=True, timeout_s=30)
     assert run.returncode == 0 and run.turns["turns"] == 1 and run.turns["held_s"] >= run.wall_s * 0.9
-    assert gate._lock.acquire(blocking=False)  # released afterwards
+    assert gate.idle()  # released afterwards
