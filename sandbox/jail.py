@@ -13,6 +13,7 @@ hosts without bubblewrap; callers must mark every result produced that way.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import resource
@@ -221,7 +222,7 @@ class Jail:
     def _gpu_args(self) -> list[str]:
         if self.gpu is None:
             return []
-        nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", f"/dev/nvidia{self.gpu}"]
+        nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", gpu_identity(self.gpu)[0]]
         nodes += glob.glob("/dev/nvidia-caps/*")
         return [a for n in nodes if os.path.exists(n) for a in ("--dev-bind", n, n)]
 
@@ -248,7 +249,7 @@ class Jail:
             "PYTHONPATH": ":".join([str(Path(sandbox.__file__).resolve().parent.parent), *map(str, _pythonpath())]),
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
-            "CUDA_VISIBLE_DEVICES": "" if self.gpu is None else str(self.gpu),
+            "CUDA_VISIBLE_DEVICES": "" if self.gpu is None else gpu_identity(self.gpu)[1],
         }
         for key in ("LD_LIBRARY_PATH", "CUDA_HOME", "TRITON_PTXAS_PATH", "OMP_NUM_THREADS"):
             if key in os.environ:
@@ -258,6 +259,23 @@ class Jail:
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
+
+
+@functools.cache
+def gpu_identity(index: int) -> tuple[str, str]:
+    """GPU `index` (nvidia-smi's numbering) as (its device node, what CUDA_VISIBLE_DEVICES must say in the jail).
+    Only that GPU's node is bound into the jail, so CUDA there sees one device: "1" would name none (seen on a
+    two-GPU H200). The UUID names it whatever CUDA enumerates; without NVML, the only device is device 0."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        node = f"/dev/nvidia{pynvml.nvmlDeviceGetMinorNumber(handle)}"
+        return node, uuid.decode() if isinstance(uuid, bytes) else uuid
+    except Exception:  # noqa: BLE001 - no NVML: device nodes are numbered like nvidia-smi's indices
+        return f"/dev/nvidia{index}", "0"
 
 
 def _python_paths() -> list[Path]:
