@@ -295,13 +295,15 @@ def controller(
     for run in store.runs_with_status("running"):  # left running by a controller that died: queue them again
         if run.config.get("controller"):
             store.update_run(run.id, status="queued")
-    err.print(f"controller: metrics on :{metrics_port}, database {s.db_url}", highlight=False)
+    err.print(f"controller: metrics on :{metrics_port}, database {_safe_url(s.db_url)}", highlight=False)
     while not stop.is_set():
         queued = store.runs_with_status("queued")
         if not queued:
             stop.wait(poll)
             continue
         run = queued[0]
+        if not store.claim_run(run.id):
+            continue  # another controller took it first
         try:
             config = OptimizeConfig.from_dict(run.config)
             optimizer = Optimizer(store, run.id, _task_of_run(store, run), _pipelines(config, None, unsafe_no_jail),
@@ -314,6 +316,13 @@ def controller(
             store.update_run(run.id, status="failed")
             err.print(f"run {run.id} failed: {e}", highlight=False)
     err.print("controller: stopped", highlight=False)
+
+
+def _safe_url(url: str) -> str:
+    """A database URL fit for a log: the password hidden."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 @app.command()

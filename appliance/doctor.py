@@ -115,6 +115,9 @@ def _gpu() -> Check:
 
 
 def _database(url: str) -> Check:
+    from sqlalchemy.engine import make_url
+
+    shown = make_url(url).render_as_string(hide_password=True)  # doctor output ends up in tickets and logs
     from appliance.db.store import Store, schema_version
 
     try:
@@ -122,8 +125,8 @@ def _database(url: str) -> Check:
         version = schema_version(store.engine)
         store.close()
     except Exception as e:  # noqa: BLE001 - any failure here is the finding
-        return Check("database", False, f"{url}: {e}", "check --db / APPLIANCE_DB_URL and write permissions")
-    return Check("database", True, f"{url} (schema {version})")
+        return Check("database", False, f"{shown}: {e}", "check --db / APPLIANCE_DB_URL and write permissions")
+    return Check("database", True, f"{shown} (schema {version})")
 
 
 def as_json(checks: list[Check]) -> dict:

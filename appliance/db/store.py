@@ -272,6 +272,16 @@ class Store:
                 candidate.status = "queued"
             return len(rows)
 
+    def claim_run(self, run_id: int, expected: str = "queued", status: str = "running") -> bool:
+        """Move a run from `expected` to `status` unless someone else already did (two controllers, one queue):
+        True for the one caller whose change took effect."""
+        with self._write() as session:
+            run = session.get(Run, run_id, with_for_update=_ROW_LOCK)
+            if run is None or run.status != expected:
+                return False
+            run.status, run.finished_at = status, None
+            return True
+
     def update_run(self, run_id: int, *, status: str | None = None, state: dict[str, Any] | None = None,
                    config: dict[str, Any] | None = None) -> Run:
         assert status is None or status in RUN_STATUSES, status

@@ -26,7 +26,8 @@ from appliance.search.database import Entry, SearchDatabase, feedback
 from appliance.tasks import Task
 
 
-BARREN_GENERATIONS = 3  # generations in a row without a new candidate to evaluate end the run
+BARREN_GENERATIONS = 3
+BUDGETS = ("max_candidates", "max_gpu_seconds", "max_wall_s", "max_tokens")  # generations in a row without a new candidate to evaluate end the run
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Optimizer:
         self.store, self.run_id, self.task, self.pipelines = store, run_id, task, pipelines
         self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
         self.metrics, self.should_stop = metrics, should_stop
+        self.failure_streak = 0  # infrastructure failures in a row
         for p in pipelines:
             p.profile_if = self._beats_best
         if metrics:
@@ -177,7 +179,11 @@ class Optimizer:
         return status if status in ("paused", "stopped") else None
 
     def _budget_status(self) -> str:
+        # Budgets are read from the database each time: the TUI (or anyone) may change them while the run goes on.
+        stored = OptimizeConfig.from_dict(self.store.get_run(self.run_id).config or {})
         c = self.config
+        for name in BUDGETS:
+            setattr(c, name, getattr(stored, name))
         rows = self.store.run_candidates(self.run_id)
         evaluated = sum(1 for cand, e in rows if e is not None)
         tokens = sum(cand.tokens_in + cand.tokens_out for cand, _ in rows)
@@ -211,14 +217,37 @@ class Optimizer:
         except InfrastructureError as e:  # the worker's fault, not the candidate's: it goes back to the queue
             return e
 
+    def _infrastructure_failure(self, candidate: Candidate, error: InfrastructureError) -> Outcome | None:
+        """A worker or host failed, not the candidate: queued again once, then recorded as an infrastructure
+        failure while the run goes on. Failures on every slot in a row mean the host itself is broken: the run stops
+        with the error (the candidate stays queued for --resume)."""
+        self.failure_streak += 1
+        if self.failure_streak >= 2 * sum(p.slots for p in self.pipelines):
+            self.store.set_candidate_status(candidate.id, "queued")
+            raise error
+        retried = self.state.setdefault("requeued_after_infrastructure_failure", [])
+        if candidate.id not in retried:
+            retried.append(candidate.id)
+            self.store.set_candidate_status(candidate.id, "queued")
+            self.log(f"candidate {candidate.id}: the worker failed ({error}); queued again")
+            return None
+        self.log(f"candidate {candidate.id}: the worker failed again ({error}); recorded as an infrastructure failure")
+        device = "cpu" if self.pipelines[0].jail.gpu is None else "cuda"
+        return Outcome(verdict="infrastructure_failure", stage="load", reason=f"not the candidate's fault: {error}",
+                       jailed=True, device=device, mode=self.config.mode or ("full" if device == "cuda" else "small"),
+                       details={"infrastructure_error": str(error)})
+
     def _beats_best(self, speedup: float | None) -> bool:
         best = summarize(self.store, self.run_id, self.state).best
         return bool(speedup) and (best is None or speedup > (best.get("speedup_vs_eager") or 0))
 
     def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError) -> None:
         if isinstance(outcome, InfrastructureError):
-            self.store.set_candidate_status(candidate.id, "queued")
-            raise outcome
+            outcome = self._infrastructure_failure(candidate, outcome)
+            if outcome is None:
+                return
+        else:
+            self.failure_streak = 0
         o = outcome
         if self.metrics:
             self.metrics.evaluation(o, candidate.proposer)

@@ -43,7 +43,7 @@ class Actions:
 
     def set_budget(self, run_id: int, budgets: dict[str, str]) -> str:
         """Budgets as typed in the form: a number, or empty for no limit (max_candidates always has one).
-        A run in progress picks its budget up when it next starts (resume)."""
+        A run in progress reads its budget from the database before each step: the change applies at once."""
         run = self._optimize_run(run_id)
         config = dict(run.config or {})
         for name in BUDGETS:

@@ -90,6 +90,5 @@ class PollingScreen(Screen):
                   "max_tokens": "max LLM tokens (empty: no limit)"}
         fields = [Field(n, labels[n], "" if config.get(n) is None else f"{config[n]:g}") for n in BUDGETS]
         self.app.push_screen(
-            FormScreen(f"Budget of run {run_id}", fields, "A run in progress takes a new budget when it next "
-                                                          "starts (resume)."),
+            FormScreen(f"Budget of run {run_id}", fields, "A run in progress takes the new budget at once."),
             lambda values: values is not None and self.act(self.app.actions.set_budget, run_id, values))

@@ -1,0 +1,105 @@
+"""The loop when workers fail (not candidates), and budgets changed while a run goes on. Real jail, real SQLite,
+real Triton kernels under the interpreter; the failing worker is a real pipeline whose host 'breaks' on cue."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from appliance.db import Store
+from appliance.errors import InfrastructureError
+from appliance.evaluation.pipeline import EvalSettings, Pipeline
+from appliance.search.loop import OptimizeConfig, Optimizer, config_dict
+from appliance.tasks import load_task
+from sandbox.jail import Jail
+from tests.conftest import REPO
+
+SOFTMAX = REPO / "benchmarks/tasks/softmax.py"
+
+
+class BreakingPipeline(Pipeline):
+    """A real pipeline on a host that fails (as a lost worker does) for the candidates listed, `times` each."""
+
+    def __init__(self, jail, settings, fail_sources: dict[str, int], slots: int = 1):
+        super().__init__(jail, settings, slots=slots)
+        self.fail_sources = fail_sources
+
+    def evaluate(self, task, candidate_path):
+        source = open(candidate_path).read()
+        if self.fail_sources.get(source, 0) > 0:
+            self.fail_sources[source] -= 1
+            raise InfrastructureError("worker lost (test)")
+        return super().evaluate(task, candidate_path)
+
+
+def make_run(tmp_path, **config) -> tuple[Store, int, OptimizeConfig, str]:
+    store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    task = load_task(SOFTMAX)
+    row = store.get_or_add_task(task.name, str(task.path), task.source, task.manifest_text)
+    cfg = OptimizeConfig(device="cpu", timing_budget_s=0.05, **config)
+    run = store.add_run(row.id, "optimize", config_dict(cfg))
+    seed = (REPO / "benchmarks/baselines/softmax.py").read_text()
+    store.add_candidate(run.id, row.id, seed, proposer="seed", status="queued", island=0, generation=0)
+    return store, run.id, cfg, seed
+
+
+def optimizer(store, run_id, cfg, tmp_path, pipeline) -> Optimizer:
+    from appliance.proposers.tune import TuneProposer
+    import random
+
+    return Optimizer(store, run_id, load_task(SOFTMAX), [pipeline], TuneProposer(random.Random(0)), cfg,
+                     tmp_path / "work")
+
+
+def settings(tmp_path) -> EvalSettings:
+    return EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05, jobs_dir=tmp_path,
+                        reuse_inputs=True)
+
+
+def test_a_lost_worker_costs_one_requeue_then_an_infrastructure_failure_and_the_run_goes_on(tmp_path):
+    store, run_id, cfg, seed = make_run(tmp_path, max_candidates=3)
+    first_child = {}
+
+    class FailFirstChild(BreakingPipeline):
+        def evaluate(self, task, candidate_path):
+            source = open(candidate_path).read()
+            if source != seed and not first_child:
+                first_child["source"] = source
+                self.fail_sources[source] = 2  # lost twice: re-queued once, then recorded
+            return super().evaluate(task, candidate_path)
+
+    # Two slots: with one, a candidate lost twice in a row cannot be told from a broken host (next test).
+    summary = optimizer(store, run_id, cfg, tmp_path, FailFirstChild(Jail(), settings(tmp_path), {}, slots=2)).run()
+    assert summary.status == "finished" and summary.evaluated == 3
+    rows = store.run_candidates(run_id)
+    failed = [(c, e) for c, e in rows if e is not None and e.verdict == "infrastructure_failure"]
+    assert len(failed) == 1 and failed[0][0].source == first_child["source"]
+    assert "not the candidate's fault" in failed[0][1].reason
+    assert sum(1 for _, e in rows if e is not None and e.verdict == "pass") == 2  # the run carried on
+    assert failed[0][0].id in store.get_run(run_id).state["requeued_after_infrastructure_failure"]
+
+
+def test_a_host_that_fails_every_evaluation_stops_the_run_with_the_error(tmp_path):
+    store, run_id, cfg, seed = make_run(tmp_path, max_candidates=3)
+    pipeline = BreakingPipeline(Jail(), settings(tmp_path), {seed: 100})
+    with pytest.raises(InfrastructureError, match="worker lost"):
+        optimizer(store, run_id, cfg, tmp_path, pipeline).run()
+    (cand, evaluation), = store.run_candidates(run_id)
+    assert cand.status == "queued" and evaluation is None  # nothing blamed on it; --resume evaluates it
+
+
+def test_a_budget_lowered_in_the_database_applies_to_the_run_in_progress(tmp_path):
+    store, run_id, cfg, _ = make_run(tmp_path, max_candidates=50)
+    store.update_run(run_id, config=config_dict(cfg) | {"max_candidates": 2})  # e.g. from the TUI
+    summary = optimizer(store, run_id, cfg, tmp_path, Pipeline(Jail(), settings(tmp_path))).run()
+    assert summary.status == "finished" and summary.evaluated == 2
+    assert json.loads(json.dumps(store.get_run(run_id).config))["max_candidates"] == 2
+
+
+def test_two_controllers_cannot_claim_the_same_run(tmp_path):
+    store, run_id, _, _ = make_run(tmp_path)
+    store.update_run(run_id, status="queued")
+    other = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    assert store.claim_run(run_id) is True
+    assert other.claim_run(run_id) is False and other.get_run(run_id).status == "running"
