@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The suite, baselines and model profiles: in a checkout, beside the package; in a wheel install, where the wheel's
+# data files went (pyproject.toml [tool.setuptools.data-files]).
+DATA_ROOT = REPO_ROOT if (REPO_ROOT / "benchmarks/tasks").is_dir() else Path(sys.prefix) / "share/appliance"
 
 
 def _truthy(value: str | None) -> bool:
@@ -23,18 +27,21 @@ class Settings:
     llm_model: str = ""  # APPLIANCE_LLM_MODEL: the served model name
     llm_api_key: str = "EMPTY"  # APPLIANCE_LLM_API_KEY
     llm_max_tokens: int = 4096  # APPLIANCE_LLM_MAX_TOKENS: completion tokens per request (prompt + this <= context)
+    # APPLIANCE_EXECUTOR: where evaluations run: local (worker threads here) | ray://HOST:PORT | auto | HOST:PORT (Ray)
+    executor: str = "local"
 
     @classmethod
     def load(cls, db_url: str | None = None) -> Settings:
         home = Path(os.environ.get("APPLIANCE_HOME") or Path.home() / ".local/share/appliance")
         url = db_url or os.environ.get("APPLIANCE_DB_URL") or f"sqlite:///{home / 'appliance.db'}"
-        suite = Path(os.environ.get("APPLIANCE_SUITE") or REPO_ROOT / "benchmarks/tasks")
+        suite = Path(os.environ.get("APPLIANCE_SUITE") or DATA_ROOT / "benchmarks/tasks")
         return cls(home=home, db_url=url, suite_dir=suite,
                    unsafe_no_jail=_truthy(os.environ.get("APPLIANCE_UNSAFE_NO_JAIL")),
                    llm_url=os.environ.get("APPLIANCE_LLM_URL") or None,
                    llm_model=os.environ.get("APPLIANCE_LLM_MODEL", ""),
                    llm_api_key=os.environ.get("APPLIANCE_LLM_API_KEY", "EMPTY"),
-                   llm_max_tokens=int(os.environ.get("APPLIANCE_LLM_MAX_TOKENS", "4096")))
+                   llm_max_tokens=int(os.environ.get("APPLIANCE_LLM_MAX_TOKENS", "4096")),
+                   executor=os.environ.get("APPLIANCE_EXECUTOR") or "local")
 
     @property
     def jobs_dir(self) -> Path:

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from appliance.config import REPO_ROOT
+from appliance.config import DATA_ROOT
 from appliance.errors import ApplianceError
 
 DEFAULT_MODELS_DIR = "/srv/appliance/models"  # ${APPLIANCE_MODELS} when the variable is unset
@@ -32,7 +32,7 @@ class ProfileError(ApplianceError):
 
 def profiles_dir() -> Path:
     # Read at call time so tests and operators can point it elsewhere (the bundled models/ by default).
-    return Path(os.environ.get("APPLIANCE_MODEL_PROFILES") or REPO_ROOT / "models")
+    return Path(os.environ.get("APPLIANCE_MODEL_PROFILES") or DATA_ROOT / "models")
 
 
 def _expand(value: str) -> str:

@@ -237,6 +237,11 @@ def test_offline_install_into_a_fresh_venv(wheelhouse, tmp_path):
         doctor = subprocess.run([venv / "bin/appliance", "doctor", "--json"], **run)
         report = json.loads(doctor.stdout)  # it may find this host unfit (non-zero exit); it must run and answer
         assert {c["name"] for c in report["checks"]} >= {"bubblewrap", "seccomp", "database"}
+        # The suite and the model profiles came with the wheel (its data files), not from this checkout.
+        tasks = subprocess.run([venv / "bin/appliance", "tasks"], **run)
+        assert tasks.returncode == 0 and "softmax" in tasks.stdout, tasks.stdout + tasks.stderr
+        profiles = subprocess.run([venv / "bin/appliance", "model", "list", "--json"], **run)
+        assert profiles.returncode == 0 and "qwen3-coder-30b-a3b-fp8" in profiles.stdout, profiles.stderr
         # The installed appliance (a wheel in site-packages, not this checkout) evaluates a candidate in the jail.
         evaluated = subprocess.run([venv / "bin/appliance", "eval", REPO / "tests/fixtures/tasks/rowsoftmax.py",
                                     REPO / "tests/fixtures/candidates/good.py", "--device", "cpu", "--baselines",
