@@ -108,9 +108,34 @@ def _parents() -> tuple[int, dict[str, Path]]:
     base = unified / own.get("", "")
     controllers = (base / "cgroup.controllers").read_text().split() if (base / "cgroup.controllers").exists() else []
     if {"memory", "pids"} <= set(controllers):
+        base = v2_job_parent(base, is_root=base == unified)
         return 2, {"memory": base, "pids": base}
     raise CgroupUnavailable(f"no writable memory+pids cgroup controllers (v1 under {ROOT}, or v2 with memory and "
                             "pids delegated); under systemd give the worker unit Delegate=yes")
+
+
+WORKER_LEAF = "appliance-worker"
+
+
+def v2_job_parent(own: Path, is_root: bool = False) -> Path:
+    """Where job cgroups go on cgroup v2: beside the worker, never inside a cgroup that holds processes (a non-root
+    cgroup with processes cannot enable controllers for its children). Under systemd with Delegate=yes the unit's
+    cgroup holds the worker itself: the worker moves its unit's processes into a leaf of their own, once, then
+    enables memory and pids for the siblings it creates (what systemd >= 254 calls DelegateSubgroup=)."""
+    base = own.parent if own.name == WORKER_LEAF else own
+    try:
+        if {"memory", "pids"} <= set((base / "cgroup.subtree_control").read_text().split()):
+            return base
+        if not is_root:
+            leaf = base / WORKER_LEAF
+            leaf.mkdir(exist_ok=True)
+            for pid in (base / "cgroup.procs").read_text().split():
+                _try_write(leaf / "cgroup.procs", pid)  # one pid per write; a process that exited meanwhile is gone
+        (base / "cgroup.subtree_control").write_text("+memory +pids")
+    except OSError as e:
+        raise CgroupUnavailable(f"cannot delegate memory and pids below {base}: {e} (give the worker's systemd unit "
+                                "Delegate=yes)") from None
+    return base
 
 
 def probe() -> str:

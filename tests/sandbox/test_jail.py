@@ -109,3 +109,20 @@ def test_scratch_space_is_capped_so_the_host_disk_cannot_fill(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("No space left on device") == 3, result.stdout
     assert not any((tmp_path / "work" / "tmp").iterdir())  # nothing of it on the host's disk
+
+
+def test_cgroup_v2_worker_moves_into_a_leaf_before_delegating(tmp_path):
+    """cgroup v2 under systemd (Delegate=yes), on a directory tree shaped like cgroupfs: this CI host has no v2
+    memory controller to delegate, so the kernel's side is simulated; the order of the steps is what is tested."""
+    from sandbox.cgroup import WORKER_LEAF, v2_job_parent
+
+    unit = tmp_path / "system.slice/appliance-controller.service"
+    unit.mkdir(parents=True)
+    (unit / "cgroup.subtree_control").write_text("")
+    (unit / "cgroup.procs").write_text("4242\n")
+    assert v2_job_parent(unit) == unit
+    assert (unit / WORKER_LEAF / "cgroup.procs").read_text() == "4242"  # the worker left the unit's top cgroup
+    assert (unit / "cgroup.subtree_control").read_text() == "+memory +pids"
+    # Later calls run in the leaf: the jobs still go beside it, and nothing moves again.
+    (unit / "cgroup.subtree_control").write_text("memory pids")
+    assert v2_job_parent(unit / WORKER_LEAF) == unit
