@@ -204,6 +204,10 @@ def optimize(
         help="Evaluations in flight per device (default: 3 per GPU, 1 on the CPU). Their loading, compiling and "
              "checking overlap; correctness and timing take turns on the device.")] = None,
     gpus: Annotated[Optional[str], typer.Option(help="Evaluation GPUs, e.g. 1,2 (default: every visible GPU).")] = None,
+    executor: Annotated[Optional[str], typer.Option(
+        callback=_use_executor, metavar="WHERE",
+        help="Where evaluations run: local (worker processes here; default), or a Ray cluster: ray://HOST:PORT, "
+             "auto (one worker per GPU of the cluster). Env APPLIANCE_EXECUTOR.")] = None,
     unsafe_no_jail: Annotated[bool, typer.Option(
         "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail.")] = False,
     queue: Annotated[bool, typer.Option("--queue", help="Only create the run; `appliance controller` runs it.")] = False,
@@ -267,6 +271,10 @@ def controller(
     metrics_port: Annotated[int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")] = 9464,
     metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
     poll: Annotated[float, typer.Option(help="Seconds between looks at the queue when it is empty.")] = 2.0,
+    executor: Annotated[Optional[str], typer.Option(
+        callback=_use_executor, metavar="WHERE",
+        help="Where evaluations run: local (worker processes here; default), or a Ray cluster: ray://HOST:PORT, "
+             "auto (one worker per GPU of the cluster). Env APPLIANCE_EXECUTOR.")] = None,
     unsafe_no_jail: Annotated[bool, typer.Option(
         "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail.")] = False,
 ) -> None:
@@ -397,14 +405,30 @@ def _task_of_run(store, run):
     return t
 
 
+def _use_executor(value: Optional[str]) -> None:
+    """--executor beats APPLIANCE_EXECUTOR (an option callback: _pipelines reads it from the settings)."""
+    if value:
+        state.settings.executor = value
+
+
 def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> list[Pipeline]:
-    """One pipeline (worker) per evaluation GPU, or one for the CPU; each with `workers` evaluations in flight."""
+    """One pipeline (worker) per evaluation GPU, or one for the CPU; each with `workers` evaluations in flight.
+    With a Ray executor: one per GPU of the Ray cluster (appliance/ray_executor.py)."""
     from appliance.evaluation.pipeline import resolve_device
     from sandbox.jail import Jail
 
     s = state.settings
-    dev = resolve_device(config.device)
-    if dev == "cuda":
+    on_ray = s.executor != "local"
+    if on_ray:
+        from appliance import ray_executor
+
+        if gpus:
+            raise ApplianceError("--gpus is for local workers; on Ray each worker host says which GPUs it lends "
+                                 "(`ray start --num-gpus`, CUDA_VISIBLE_DEVICES)")
+        dev = ray_executor.cluster_device(s.executor, config.device)  # the cluster's GPUs, not this host's
+    else:
+        dev = resolve_device(config.device)
+    if dev == "cuda" and not on_ray:
         import torch
 
         llm_gpu = os.environ.get("APPLIANCE_LLM_GPU", "")  # the GPU vLLM serves from never evaluates
@@ -421,6 +445,8 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> lis
     settings = EvalSettings(device=dev, mode=config.mode, baselines=("eager", "compile") if dev == "cuda" else ("eager",),
                             timing_budget_s=config.timing_budget_s, jobs_dir=s.jobs_dir, state_dir=s.home,
                             profile=config.profile and dev == "cuda", reuse_inputs=True)
+    if on_ray:
+        return ray_executor.ray_pipelines(s.executor, settings, slots, unsafe)
     return [Pipeline(Jail(unsafe_no_jail=unsafe, gpu=g), settings, slots=slots) for g in indices]
 
 

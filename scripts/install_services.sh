@@ -84,8 +84,8 @@ for d in tasks baselines; do
   fi
 done
 
-# 5. The units, with ExecStart= pointing at the venv.
-for unit in appliance-vllm.service appliance-controller.service; do
+# 5. The units, with ExecStart= pointing at the venv (the Ray worker unit too: enable it only on extra GPU hosts).
+for unit in appliance-vllm.service appliance-controller.service appliance-ray-worker.service; do
   sed "s#/opt/appliance/venv#$venv#g" "$repo/systemd/$unit" > "$root/etc/systemd/system/$unit"
   chmod 0644 "$root/etc/systemd/system/$unit"
 done

@@ -15,8 +15,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "systemd"
-UNIT_NAMES = ("appliance-vllm.service", "appliance-controller.service")
-JAIL_UNITS = ("appliance-controller.service",)  # it runs bubblewrap
+INSTALLED_RAY = "/opt/appliance/venv/bin/ray"
+UNIT_NAMES = ("appliance-vllm.service", "appliance-controller.service", "appliance-ray-worker.service")
+JAIL_UNITS = ("appliance-controller.service", "appliance-ray-worker.service")  # they run bubblewrap
 INSTALLED_APPLIANCE = "/opt/appliance/venv/bin/appliance"
 
 
@@ -53,10 +54,13 @@ def test_units_pass_systemd_analyze_verify(tmp_path):
     # the venv running the tests), everything else exactly as shipped.
     exe = Path(sys.executable).with_name("appliance")
     exe = exe if os.access(exe, os.X_OK) else Path(shutil.which("true"))
+    ray = Path(sys.executable).with_name("ray")
+    ray = ray if os.access(ray, os.X_OK) else Path(shutil.which("true"))
     for name in UNIT_NAMES:
         text = (UNITS / name).read_text()
-        assert INSTALLED_APPLIANCE in text
-        (tmp_path / name).write_text(text.replace(INSTALLED_APPLIANCE, str(exe)))
+        assert INSTALLED_APPLIANCE in text or INSTALLED_RAY in text
+        text = text.replace(INSTALLED_APPLIANCE, str(exe)).replace(INSTALLED_RAY, str(ray))
+        (tmp_path / name).write_text(text)
     result = _verify([f"./{n}" for n in UNIT_NAMES], tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -82,6 +86,7 @@ def test_units_run_the_right_commands_with_the_shared_config():
         f"{INSTALLED_APPLIANCE} model serve --gpu ${{APPLIANCE_LLM_GPU}} ${{APPLIANCE_MODEL_PROFILE}} "
         "$APPLIANCE_MODEL_SERVE_ARGS"]
     assert starts["appliance-controller.service"] == [f"{INSTALLED_APPLIANCE} controller $APPLIANCE_CONTROLLER_ARGS"]
+    assert starts["appliance-ray-worker.service"][0].startswith("/opt/appliance/venv/bin/ray start --block")
     example = (UNITS / "appliance.env.example").read_text()
     for name in UNIT_NAMES:
         s = service(name)
@@ -148,7 +153,7 @@ def test_install_services_into_a_prefix(tmp_path):
     assert "not running systemctl" in result.stdout and "appliance-controller.service" in result.stdout
     for name in UNIT_NAMES:
         installed = (root / "etc/systemd/system" / name).read_text()
-        assert INSTALLED_APPLIANCE not in installed and "/srv/app/venv/bin/appliance" in installed
+        assert "/opt/appliance/venv" not in installed and "/srv/app/venv/bin/" in installed
         assert (root / "etc/systemd/system" / name).stat().st_mode & 0o777 == 0o644
     env = root / "etc/appliance/appliance.env"
     assert env.stat().st_mode & 0o777 == 0o640  # may hold a database password

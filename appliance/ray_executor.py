@@ -1,0 +1,219 @@
+"""Evaluation workers on a Ray cluster (`--executor ray://HOST:PORT`, `auto`, or a GCS address HOST:PORT).
+
+Each worker is a Ray actor, `EvaluationWorker`, that holds one GPU of some node (`num_gpus=1`; one CPU on a CPU-only
+cluster) and runs a plain local `Pipeline` there: the same jail and harness as a local worker. The controller keeps
+one `RayPipeline` per actor; the search loop uses it like a local `Pipeline`. Candidates and verdicts travel through
+Ray (the task's and the candidate's text in, an `Outcome` back); the run state stays in the controller's database.
+
+Faults: an actor or node that dies mid-evaluation fails the evaluations it had in flight with InfrastructureError
+(the loop re-queues such a candidate once, then records an infrastructure failure). Ray restarts the actor
+(`max_restarts=-1`) on whatever node has room, a node that comes back included; until it is placed, an evaluation
+sent to it waits up to APPLIANCE_RAY_PLACEMENT_TIMEOUT seconds (default 300) and then fails the same way.
+
+Ray is optional (`pip install '.[ray]'`): it is imported only here, and only when a Ray executor is asked for.
+Every host needs the same Python, the same Ray and the appliance installed (the wheelhouse), because the jail on a
+worker mounts that worker's own Python installation and `sandbox` package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from appliance.errors import InfrastructureError, TaskError
+from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
+from appliance.tasks import Task, load_task
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise InfrastructureError("--executor needs Ray on this host: pip install 'kernel-optimizer-appliance[ray]' "
+                                  "(or install the wheelhouse built with the ray extra)") from None
+    return ray
+
+
+def connect(address: str) -> None:
+    """Join the cluster as a driver (once per process)."""
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise InfrastructureError(f"cannot join the Ray cluster at {address!r}: {e}. Is the head running "
+                                  "(`ray status` on it)?") from None
+
+
+def cluster_device(address: str, device: str) -> str:
+    """`auto` on Ray means the cluster's GPUs, not this host's: the controller may have none."""
+    connect(address)
+    if device != "auto":
+        return device
+    return "cuda" if _ray().cluster_resources().get("GPU", 0) >= 1 else "cpu"
+
+
+def ray_pipelines(address: str, settings: EvalSettings, slots: int, unsafe: bool) -> list[RayPipeline]:
+    """One worker per GPU of the cluster; on a CPU-only cluster (CI, development) one per node."""
+    ray = _ray()
+    connect(address)
+    if settings.device == "cuda":
+        count = int(ray.cluster_resources().get("GPU", 0))
+        if count == 0:
+            raise InfrastructureError(f"the Ray cluster at {address!r} has no GPU: join a GPU host "
+                                      "(systemd/appliance-ray-worker.service) or pass --device cpu")
+    else:
+        count = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1)
+        if count == 0:
+            raise InfrastructureError(f"the Ray cluster at {address!r} has no node with a free CPU")
+    # Profiles: the loop decides per candidate (profile_if reads the database, which workers do not reach); that
+    # decision cannot run on the worker, so Ray workers do not profile yet.
+    settings = dataclasses.replace(settings, profile=False)
+    actor = ray.remote(EvaluationWorker).options(
+        num_gpus=1 if settings.device == "cuda" else 0,
+        num_cpus=0 if settings.device == "cuda" else 1,  # GPUs are what a GPU worker waits for
+        max_concurrency=slots,  # the loop keeps at most `slots` calls (a ping, then an evaluation) per worker
+        max_restarts=-1,  # a lost actor comes back on any node with room, for as long as the run lasts
+        max_task_retries=0,  # an evaluation lost with its node is the loop's to re-queue, not Ray's to repeat
+        scheduling_strategy="SPREAD",
+    )
+    return [RayPipeline(actor.remote(settings, slots, unsafe), i, settings, slots, unsafe) for i in range(count)]
+
+
+@dataclass
+class RemoteJail:
+    """What the loop reads of a pipeline's jail: the GPU label of the worker (its index in the cluster), or None."""
+
+    gpu: int | None
+    unsafe_no_jail: bool
+
+
+class RayPipeline:
+    """A `Pipeline` look-alike on the controller whose evaluations run in one Ray actor. Thread-safe: `slots` loop
+    threads call `evaluate` at once, and the actor runs their calls concurrently."""
+
+    def __init__(self, actor, index: int, settings: EvalSettings, slots: int, unsafe: bool):
+        self.actor, self.index, self.settings, self.slots = actor, index, settings, max(1, slots)
+        self.jail = RemoteJail(gpu=index if settings.device == "cuda" else None, unsafe_no_jail=unsafe)
+        self.profile_if = None  # set by the loop; unused (see ray_pipelines)
+        self.placement_timeout_s = float(os.environ.get("APPLIANCE_RAY_PLACEMENT_TIMEOUT", "300"))
+
+    def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
+        ray = _ray()
+        from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+
+        candidate_path = Path(candidate_path)
+        if not candidate_path.is_file():
+            raise TaskError(str(candidate_path), "no such candidate file")
+        files = {"name": task.name, "source": task.source, "manifest": task.manifest_text, "path": str(task.path)}
+        try:
+            self._wait_until_placed()
+            result = ray.get(self.actor.evaluate.remote(files, candidate_path.read_text(errors="replace"),
+                                                        str(candidate_path)))
+        except RayTaskError:
+            raise  # a bug of ours on the worker: as loud as it would be in a local pipeline
+        except GetTimeoutError:
+            raise InfrastructureError(f"Ray worker {self.index} found no node with room within "
+                                      f"{self.placement_timeout_s:.0f} s") from None
+        except RayError as e:  # the actor, its process or its node died (RayActorError, NodeDiedError, ...)
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            raise InfrastructureError(f"Ray worker {self.index} was lost mid-evaluation ({type(e).__name__}: "
+                                      f"{first}); Ray restarts it on a node with room") from None
+        if isinstance(result, Outcome):
+            return result
+        # Our own errors come back as values: exceptions with extra constructor arguments do not survive pickling.
+        if "task_error" in result:
+            raise TaskError(*result["task_error"])
+        raise InfrastructureError(f"Ray worker {self.index} ({result.get('host')}): {result['infrastructure_error']}")
+
+    def _wait_until_placed(self) -> None:
+        """A cheap call before each evaluation: it waits for the actor to be placed (after a restart, maybe on
+        another node) without putting a timeout on the evaluation itself. Calls to an actor that is restarting fail
+        at once (ActorUnavailableError): nothing was sent yet, so keep asking until the deadline."""
+        ray = _ray()
+        unavailable = getattr(ray.exceptions, "ActorUnavailableError", ())  # Ray >= 2.22; older Ray waits by itself
+        deadline = time.monotonic() + self.placement_timeout_s
+        while True:
+            try:
+                ray.get(self.actor.ready.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except unavailable:
+                if time.monotonic() > deadline:
+                    raise ray.exceptions.GetTimeoutError("still restarting") from None
+                time.sleep(1.0)
+
+    def close(self) -> None:
+        """Remove the worker's kept inputs and free its GPU (the next run starts its own workers)."""
+        ray = _ray()
+        try:
+            ray.get(self.actor.close.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - a dead or unplaced worker has nothing to clean; kill it all the same
+            pass
+        ray.kill(self.actor, no_restart=True)
+
+
+class EvaluationWorker:
+    """The Ray actor: a local Pipeline on the node Ray placed it on, with the GPU Ray assigned to it."""
+
+    def __init__(self, settings: EvalSettings, slots: int, unsafe: bool):
+        import ray
+
+        from appliance.config import Settings
+        from sandbox.jail import Jail
+
+        gpu = int(ray.get_gpu_ids()[0]) if settings.device == "cuda" else None
+        # This host's own directories (APPLIANCE_HOME of the worker's unit), not the controller's paths.
+        home = Settings.load().home
+        local = dataclasses.replace(settings, jobs_dir=Settings.load().jobs_dir, state_dir=home)
+        self.pipeline = Pipeline(Jail(unsafe_no_jail=unsafe, gpu=gpu), local, slots)
+        self.host = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
+        self.dir = Path(tempfile.mkdtemp(prefix="ray-worker-", dir=local.jobs_dir))
+        self.tasks: dict[str, Task] = {}
+        self.lock = threading.Lock()
+
+    def ready(self) -> str:
+        return self.host
+
+    def evaluate(self, files: dict, source: str, display_path: str) -> Outcome | dict:
+        job = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir))
+        try:
+            task = self._task(files)
+            path = job / Path(display_path).name
+            path.write_text(source)
+            outcome = self.pipeline.evaluate(task, path)
+        except TaskError as e:  # named by the controller's task file, not this worker's copy of it
+            where = files["path"] if e.path.startswith(str(self.dir / "task")) else e.path
+            return {"task_error": [where, e.message, e.line], "host": self.host}
+        except InfrastructureError as e:
+            return {"infrastructure_error": str(e), "host": self.host}
+        finally:
+            shutil.rmtree(job, ignore_errors=True)
+        outcome.reason = outcome.reason.replace(str(path), display_path)  # name the controller's file
+        outcome.details["host"] = self.host
+        return outcome
+
+    def _task(self, files: dict) -> Task:
+        """The task rebuilt from its text, written once per task into this worker's directory."""
+        key = hashlib.sha256((files["name"] + files["source"] + files["manifest"]).encode()).hexdigest()[:16]
+        with self.lock:
+            if key not in self.tasks:
+                d = self.dir / "task" / key
+                d.mkdir(parents=True, exist_ok=True)
+                (d / f"{files['name']}.py").write_text(files["source"])
+                if files["manifest"]:
+                    (d / f"{files['name']}.toml").write_text(files["manifest"])
+                self.tasks[key] = load_task(d / f"{files['name']}.py")
+            return self.tasks[key]
+
+    def close(self) -> None:
+        self.pipeline.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

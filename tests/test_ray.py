@@ -1,0 +1,139 @@
+"""Evaluation workers on a real Ray cluster, on the CPU: a head and a second node, both on loopback, each lending one
+CPU (so one worker each). A small run spreads over both; a node killed mid-run costs only its evaluation in flight,
+which is queued again, and the node that comes back (a new node id) is used again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytest.importorskip("ray", reason="Ray is not installed (pip install '.[ray]')")
+pytestmark = pytest.mark.slow
+
+SOFTMAX = REPO / "benchmarks/tasks/softmax.py"
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+class Cluster:
+    """`ray start --block` processes, each in its own process group: a node is killed (and stopped) by its group,
+    never by a machine-wide `ray stop` that would take other people's clusters with it."""
+
+    def __init__(self, home: Path):
+        self.temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths have a limit
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        # PYTHONPATH: the workers import this checkout's appliance; fast health checks: a dead node is noticed in ~3 s.
+        self.env = os.environ | {"APPLIANCE_HOME": str(home), "PYTHONPATH": str(REPO),
+                                 "RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4"}
+        self.nodes: list[subprocess.Popen] = []
+
+    def start_node(self, head: bool = False) -> subprocess.Popen:
+        where = ["--head", "--port", str(self.port), "--include-dashboard=false", "--temp-dir", str(self.temp)] \
+            if head else ["--address", self.address]
+        log = self.temp / f"node{len(self.nodes)}.log"
+        proc = subprocess.Popen([RAY, "start", *where, "--num-cpus", "1", "--num-gpus", "0", "--disable-usage-stats",
+                                 "--block"], env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.nodes.append(proc)
+        deadline = time.monotonic() + 60
+        while "Ray runtime started" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"ray start failed:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        return proc
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+    def stop(self) -> None:
+        for proc in reversed(self.nodes):
+            self.kill(proc)
+        subprocess.run(["rm", "-rf", str(self.temp)], check=False)
+
+
+@pytest.fixture
+def cluster(home):
+    c = Cluster(home)
+    try:
+        c.start_node(head=True)
+        c.start_node()
+        yield c
+    finally:
+        c.stop()
+
+
+def optimize(cluster: Cluster, *args: str, **popen) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "appliance", "optimize", str(SOFTMAX), "--device", "cpu", "--timing-budget", "0.05",
+           "--batch", "2", "--executor", cluster.address, "--json", *args]
+    return subprocess.Popen(cmd, env=cluster.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+def rows(home: Path, query: str) -> list[tuple]:
+    if not (home / "appliance.db").exists():
+        return []
+    with sqlite3.connect(home / "appliance.db") as db:
+        try:
+            return db.execute(query).fetchall()
+        except sqlite3.OperationalError:  # the schema is still being created
+            return []
+
+
+def hosts(home: Path) -> list[str]:
+    return [json.loads(d).get("host") for (d,) in rows(home, "SELECT details FROM evaluation ORDER BY id")]
+
+
+def test_a_run_spreads_over_the_nodes_of_the_cluster(cluster, home):
+    proc = optimize(cluster, "--max-candidates", "4")
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == "finished" and summary["evaluated"] == 4 and summary["passed"] == 4
+    assert rows(home, "SELECT count(*) FROM evaluation WHERE jailed = 1") == [(4,)]  # the same jail as a local worker
+    assert len(set(hosts(home))) == 2 and all(hosts(home)), hosts(home)  # "hostname/node id" of both nodes
+
+
+def test_a_node_killed_mid_run_costs_one_evaluation_and_is_used_again_when_back(cluster, home):
+    proc = optimize(cluster, "--max-candidates", "8")
+    try:
+        # Both workers busy, after each has finished one: the second node has an evaluation in flight.
+        deadline = time.monotonic() + 180
+        while not (len(set(hosts(home))) == 2 and
+                   rows(home, "SELECT count(*) FROM candidate WHERE status = 'evaluating'") == [(2,)]):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never had both nodes busy"
+            time.sleep(0.2)
+        before = set(hosts(home))
+        cluster.kill(cluster.nodes[1])
+        cluster.start_node()  # the host comes back: a new node, where Ray places the lost worker again
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == "finished" and summary["evaluated"] == 8, summary
+    state = json.loads(rows(home, "SELECT state FROM run WHERE id = 1")[0][0])
+    requeued = state.get("requeued_after_infrastructure_failure")
+    assert requeued == [requeued[0]], state  # the evaluation lost with the node, queued again once
+    per_candidate = rows(home, "SELECT candidate_id, count(*), max(verdict) FROM evaluation GROUP BY candidate_id")
+    assert all(n == 1 for _, n, _ in per_candidate)  # a lost evaluation leaves no row: nothing evaluated twice
+    assert {v for _, _, v in per_candidate} == {"pass"}  # the re-queued candidate passed on a live worker
+    assert set(hosts(home)) - before, "no evaluation ran on the node that came back"
