@@ -300,9 +300,7 @@ def controller(
                       "(another controller? pick --metrics-port)")
             raise typer.Exit(3)
     store = _store()
-    for run in store.runs_with_status("running"):  # left running by a controller that died: queue them again
-        if run.config.get("controller"):
-            store.update_run(run.id, status="queued")
+    requeue_orphaned_runs(store)
     err.print(f"controller: metrics on :{metrics_port}, database {_safe_url(s.db_url)}", highlight=False)
     while not stop.is_set():
         queued = store.runs_with_status("queued")
@@ -312,6 +310,7 @@ def controller(
         run = queued[0]
         if not store.claim_run(run.id):
             continue  # another controller took it first
+        store.update_run(run.id, state=(run.state or {}) | {"controller": _controller_id()})
         try:
             config = OptimizeConfig.from_dict(run.config)
             optimizer = Optimizer(store, run.id, _task_of_run(store, run), _pipelines(config, None, unsafe_no_jail),
@@ -324,6 +323,37 @@ def controller(
             store.update_run(run.id, status="failed")
             err.print(f"run {run.id} failed: {e}", highlight=False)
     err.print("controller: stopped", highlight=False)
+
+
+def _controller_id() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def requeue_orphaned_runs(store) -> list[int]:
+    """Runs left `running` by a controller of this host that is gone go back to the queue. Runs another host's
+    controller is running are left alone (several controllers may share one database)."""
+    import socket
+
+    requeued = []
+    for run in store.runs_with_status("running"):
+        if not run.config.get("controller"):
+            continue  # an `appliance optimize` in a terminal: --resume is the user's call
+        host, _, pid = str((run.state or {}).get("controller", "")).rpartition(":")
+        if host and host != socket.gethostname():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            alive = int(pid) != os.getpid()
+        except (ProcessLookupError, ValueError):  # gone, or no record of who ran it
+            alive = False
+        except PermissionError:  # a live process of another user
+            alive = True
+        if not alive:
+            store.update_run(run.id, status="queued")
+            requeued.append(run.id)
+    return requeued
 
 
 def _safe_url(url: str) -> str:

@@ -103,3 +103,26 @@ def test_two_controllers_cannot_claim_the_same_run(tmp_path):
     other = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
     assert store.claim_run(run_id) is True
     assert other.claim_run(run_id) is False and other.get_run(run_id).status == "running"
+
+
+def test_a_new_controller_requeues_only_runs_whose_controller_is_gone(tmp_path):
+    import socket
+    import subprocess
+
+    from appliance.cli import requeue_orphaned_runs
+
+    store, dead_run, _, _ = make_run(tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer exists
+    runs = {"dead": dead_run}
+    for name in ("alive", "elsewhere", "terminal"):
+        runs[name] = make_run(tmp_path)[1]
+    owners = {"dead": f"{socket.gethostname()}:{dead.pid}", "alive": f"{socket.gethostname()}:1",
+              "elsewhere": "another-host:12345", "terminal": None}
+    for name, run_id in runs.items():
+        config = store.get_run(run_id).config | ({"controller": True} if owners[name] else {})
+        store.update_run(run_id, status="running", config=config,
+                         state={"controller": owners[name]} if owners[name] else {})
+    assert requeue_orphaned_runs(store) == [runs["dead"]]
+    assert {n: store.get_run(r).status for n, r in runs.items()} == {
+        "dead": "queued", "alive": "running", "elsewhere": "running", "terminal": "running"}
