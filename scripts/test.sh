@@ -18,4 +18,4 @@ if [ "${1:-}" != "--no-llm" ]; then
   export APPLIANCE_TEST_LLM_URL
   trap 'scripts/postgres_test_server.sh stop; scripts/test_llm_server.sh stop' EXIT  # one EXIT trap: both
 fi
-python -m pytest -q
+python -m pytest -q --durations=25
