@@ -32,6 +32,18 @@ err = Console(stderr=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 
+def _use_executor(value: Optional[str]) -> None:
+    """--executor beats APPLIANCE_EXECUTOR (an option callback: _pipelines reads it from the settings)."""
+    if value:
+        state.settings.executor = value
+
+
+ExecutorOption = Annotated[Optional[str], typer.Option(
+    callback=_use_executor, metavar="WHERE",
+    help="Where evaluations run: local (worker processes here; default), or a Ray cluster: ray://HOST:PORT, "
+         "auto (one worker per GPU of the cluster). Env APPLIANCE_EXECUTOR.")]
+
+
 
 class State:
     settings: Settings
@@ -204,10 +216,7 @@ def optimize(
         help="Evaluations in flight per device (default: 3 per GPU, 1 on the CPU). Their loading, compiling and "
              "checking overlap; correctness and timing take turns on the device.")] = None,
     gpus: Annotated[Optional[str], typer.Option(help="Evaluation GPUs, e.g. 1,2 (default: every visible GPU).")] = None,
-    executor: Annotated[Optional[str], typer.Option(
-        callback=_use_executor, metavar="WHERE",
-        help="Where evaluations run: local (worker processes here; default), or a Ray cluster: ray://HOST:PORT, "
-             "auto (one worker per GPU of the cluster). Env APPLIANCE_EXECUTOR.")] = None,
+    executor: ExecutorOption = None,
     unsafe_no_jail: Annotated[bool, typer.Option(
         "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail.")] = False,
     queue: Annotated[bool, typer.Option("--queue", help="Only create the run; `appliance controller` runs it.")] = False,
@@ -271,10 +280,7 @@ def controller(
     metrics_port: Annotated[int, typer.Option(help="Port of the Prometheus /metrics endpoint (0: none).")] = 9464,
     metrics_addr: Annotated[str, typer.Option(help="Address /metrics listens on.")] = "0.0.0.0",
     poll: Annotated[float, typer.Option(help="Seconds between looks at the queue when it is empty.")] = 2.0,
-    executor: Annotated[Optional[str], typer.Option(
-        callback=_use_executor, metavar="WHERE",
-        help="Where evaluations run: local (worker processes here; default), or a Ray cluster: ray://HOST:PORT, "
-             "auto (one worker per GPU of the cluster). Env APPLIANCE_EXECUTOR.")] = None,
+    executor: ExecutorOption = None,
     unsafe_no_jail: Annotated[bool, typer.Option(
         "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail.")] = False,
 ) -> None:
@@ -284,6 +290,7 @@ def controller(
     import signal
     import threading
 
+    from appliance.db.store import display_url
     from appliance.metrics import Metrics
     from appliance.search.loop import Optimizer
 
@@ -301,7 +308,7 @@ def controller(
             raise typer.Exit(3)
     store = _store()
     requeue_orphaned_runs(store)
-    err.print(f"controller: metrics on :{metrics_port}, database {_safe_url(s.db_url)}", highlight=False)
+    err.print(f"controller: metrics on :{metrics_port}, database {display_url(s.db_url)}", highlight=False)
     while not stop.is_set():
         queued = store.runs_with_status("queued")
         if not queued:
@@ -354,13 +361,6 @@ def requeue_orphaned_runs(store) -> list[int]:
             store.update_run(run.id, status="queued")
             requeued.append(run.id)
     return requeued
-
-
-def _safe_url(url: str) -> str:
-    """A database URL fit for a log: the password hidden."""
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 @app.command()
@@ -433,12 +433,6 @@ def _task_of_run(store, run):
     if t.source != row.source:
         raise ApplianceError(f"the task file {row.path} changed since run {run.id} started; start a new run")
     return t
-
-
-def _use_executor(value: Optional[str]) -> None:
-    """--executor beats APPLIANCE_EXECUTOR (an option callback: _pipelines reads it from the settings)."""
-    if value:
-        state.settings.executor = value
 
 
 def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> list[Pipeline]:

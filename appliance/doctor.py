@@ -115,9 +115,9 @@ def _gpu() -> Check:
 
 
 def _database(url: str) -> Check:
-    from sqlalchemy.engine import make_url
+    from appliance.db.store import display_url
 
-    shown = make_url(url).render_as_string(hide_password=True)  # doctor output ends up in tickets and logs
+    shown = display_url(url)  # doctor output ends up in tickets and logs
     from appliance.db.store import Store, schema_version
 
     try:

@@ -45,7 +45,7 @@ def evaluation(task, baseline: Path, jailed: bool, device: str) -> tuple[float, 
     outcome = pipeline.evaluate(task, baseline)
     wall = time.perf_counter() - t0
     assert outcome.passed, outcome.reason
-    return wall, dict(pipeline.wall_s)
+    return wall, dict(outcome.details["wall_s"])
 
 
 def main() -> int:

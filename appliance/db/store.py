@@ -48,6 +48,11 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def display_url(url: str) -> str:
+    """A database URL fit for logs and reports: the password hidden."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`. SQLite gets WAL, enforced foreign keys, a 5 s busy wait and real transactions;
     `sqlite://` (in memory) shares one connection, so every session sees the same database. Other URLs

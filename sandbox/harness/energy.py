@@ -1,5 +1,5 @@
 """NVML's total-energy counter (millijoules since driver load): energy per call in the harness, energy per
-evaluation in the controller.
+exclusive device turn in the controller's gate (sandbox/gate.py).
 
 In the harness it is bound before the candidate is imported, like the timer: a candidate that patches pynvml later changes nothing.
 Without pynvml, or on a GPU without the counter, energy is simply not reported (never invented).
@@ -11,7 +11,7 @@ from typing import Callable
 
 
 class EnergyMeter:
-    """`index`: an NVML device index (the controller, around whole evaluations); None: the GPU torch uses (the
+    """`index`: an NVML device index (the device gate, around exclusive turns); None: the GPU torch uses (the
     harness, inside the jail, where CUDA_VISIBLE_DEVICES shows one GPU)."""
 
     def __init__(self, index: int | None = None):
