@@ -138,7 +138,10 @@ def run(spec: dict) -> dict:
                 if not sets:
                     _first_call(model, saved["args"], shape, device, sync, path)
                     _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
-                sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
+                args = to_device(saved["args"], device, shape["layout"])
+                # The snapshot that shows whether the correctness call modified its inputs is taken here, so that
+                # copying gigabytes does not hold the measuring turn.
+                sets.append((seed, model, args, snapshot(args)))
             sync()
         staged.append((shape, sets))
         del saved_sets
@@ -151,12 +154,12 @@ def run(spec: dict) -> dict:
         stages.done("wait_for_device")
         for shape, sets in staged:
             _progress(spec, "correctness")
-            for seed, model, args in sets:
-                outs = _correctness_call(model, args, shape, seed, watch, launches, provenance, sync, path)
+            for seed, model, args, before in sets:
+                outs = _correctness_call(model, args, before, shape, seed, watch, launches, provenance, sync,
+                                         path, stages)
                 to_save.append((f"{shape['name']}-{seed}.pt", outs))
-            stages.done("correctness")
             _progress(spec, "timing")
-            timed_model, input_sets = sets[0][1], [args for _, _, args in sets]  # the first seed's model times all
+            timed_model, input_sets = sets[0][1], [s[2] for s in sets]  # the first seed's model times all
             try:
                 timings[shape["name"]], spot = time_calls(timed_model, input_sets, device,
                                                           budget_s=spec["timing_budget_s"],
@@ -198,12 +201,12 @@ def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: s
         raise _failure(exc, "correctness", f"in forward (first call) at shape {shape['name']}", path) from None
 
 
-def _correctness_call(model, args: list, shape: dict, seed: int, watch: Watch, launches: Launches,
-                      provenance: dict, sync, path: str) -> list:
-    """One correctness call: its outputs (cloned, on the device) after every check the candidate side can make."""
+def _correctness_call(model, args: list, before: list, shape: dict, seed: int, watch: Watch, launches: Launches,
+                      provenance: dict, sync, path: str, stages: _Stages) -> list:
+    """One correctness call: its outputs (cloned, on the device) after every check the candidate side can make.
+    `before` is a snapshot of `args` taken before the call."""
     import torch
 
-    before = snapshot(args)
     where = f"at shape {shape['name']}, seed {seed}"
     try:
         with torch.no_grad():
@@ -222,6 +225,7 @@ def _correctness_call(model, args: list, shape: dict, seed: int, watch: Watch, l
         settle()
     except BaseException as exc:  # noqa: BLE001
         raise _failure(exc, "correctness", f"in forward {where}", path) from None
+    stages.done("correctness")
     _check_untampered(watch, "correctness", f"in forward {where}")
     if outs is None:
         raise CandidateFailure("wrong_output", "correctness",
@@ -237,6 +241,7 @@ def _correctness_call(model, args: list, shape: dict, seed: int, watch: Watch, l
     changed = mutated(args, before)
     if changed:
         raise CandidateFailure("input_mutated", "correctness", f"forward modified input(s) {changed} in place {where}")
+    stages.done("integrity_checks")
     return early  # clones taken before the candidate could change its outputs again
 
 
