@@ -40,8 +40,10 @@ def _use_executor(value: Optional[str]) -> None:
 
 ExecutorOption = Annotated[Optional[str], typer.Option(
     callback=_use_executor, metavar="WHERE",
-    help="Where evaluations run: local (worker processes here; default), or a Ray cluster: ray://HOST:PORT, "
-         "auto (one worker per GPU of the cluster). Env APPLIANCE_EXECUTOR.")]
+    help="Where evaluations run: local (this host; default: `controller` uses one worker process per GPU, "
+         "`optimize` and `submit` evaluate in-process), workers (one worker process per GPU, `appliance worker`, "
+         "also for optimize), or a Ray cluster: ray://HOST:PORT, auto (one worker per GPU of the cluster). "
+         "Env APPLIANCE_EXECUTOR.")]
 
 
 
@@ -285,14 +287,15 @@ def controller(
         "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail.")] = False,
 ) -> None:
     """The daemon: run queued optimize runs (`appliance optimize --queue`, the TUI) one after another on the
-    evaluation GPUs, and serve Prometheus metrics. SIGTERM finishes the evaluation in flight, puts the run back in
-    the queue and exits."""
+    evaluation GPUs, one evaluation worker process per GPU (`appliance worker`: systemd's appliance-worker@N, or
+    started and restarted by the controller), and serve Prometheus metrics. SIGTERM finishes the evaluation in
+    flight, puts the run back in the queue and exits."""
     import signal
     import threading
 
     from appliance.db.store import display_url
     from appliance.metrics import Metrics
-    from appliance.search.loop import Optimizer
+    from appliance.worker import WorkerSupervisor
 
     s = state.settings
     stop = threading.Event()
@@ -309,6 +312,25 @@ def controller(
     store = _store()
     requeue_orphaned_runs(store)
     err.print(f"controller: metrics on :{metrics_port}, database {display_url(s.db_url)}", highlight=False)
+    # One evaluation worker process per GPU, kept across runs: systemd's appliance-worker@N where they listen,
+    # else children of this process, started again when they die (appliance/worker.py).
+    try:
+        supervisor = WorkerSupervisor(
+            s.home, metrics=metrics, persistent=True,
+            log=lambda line: err.print(f"controller: {line}", highlight=False, soft_wrap=True))
+    except ApplianceError as e:  # e.g. a workers' authkey others can read
+        _fail(e, False)
+    try:
+        _controller_loop(store, stop, poll, supervisor, metrics, unsafe_no_jail)
+    finally:
+        supervisor.close()
+    err.print("controller: stopped", highlight=False)
+
+
+def _controller_loop(store, stop, poll: float, supervisor, metrics, unsafe_no_jail: bool) -> None:
+    from appliance.search.loop import Optimizer
+
+    s = state.settings
     while not stop.is_set():
         queued = store.runs_with_status("queued")
         if not queued:
@@ -320,8 +342,9 @@ def controller(
         store.update_run(run.id, state=(run.state or {}) | {"controller": _controller_id()})
         try:
             config = OptimizeConfig.from_dict(run.config)
-            optimizer = Optimizer(store, run.id, _task_of_run(store, run), _pipelines(config, None, unsafe_no_jail),
-                                  _proposer(config), config, s.home / "runs" / str(run.id),
+            optimizer = Optimizer(store, run.id, _task_of_run(store, run),
+                                  _pipelines(config, None, unsafe_no_jail, supervisor), _proposer(config), config,
+                                  s.home / "runs" / str(run.id),
                                   log=lambda line, rid=run.id: err.print(f"run {rid}: {line}", highlight=False),
                                   metrics=metrics, should_stop=stop.is_set)
             summary = optimizer.run()
@@ -329,7 +352,6 @@ def controller(
         except ApplianceError as e:  # a broken task or host fails this run, not the controller
             store.update_run(run.id, status="failed")
             err.print(f"run {run.id} failed: {e}", highlight=False)
-    err.print("controller: stopped", highlight=False)
 
 
 def _controller_id() -> str:
@@ -435,14 +457,15 @@ def _task_of_run(store, run):
     return t
 
 
-def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> list[Pipeline]:
+def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, supervisor=None) -> list[Pipeline]:
     """One pipeline (worker) per evaluation GPU, or one for the CPU; each with `workers` evaluations in flight.
-    With a Ray executor: one per GPU of the Ray cluster (appliance/ray_executor.py)."""
+    With a `supervisor` (the controller) or `--executor workers`: each a worker process (appliance/worker.py);
+    with a Ray executor: one per GPU of the Ray cluster (appliance/ray_executor.py); else in this process."""
     from appliance.evaluation.pipeline import resolve_device
     from sandbox.jail import Jail
 
     s = state.settings
-    on_ray = s.executor != "local"
+    on_ray = s.executor not in ("local", "workers")
     if on_ray:
         from appliance import ray_executor
 
@@ -471,7 +494,57 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool) -> lis
                             profile=config.profile and dev == "cuda", reuse_inputs=True)
     if on_ray:
         return ray_executor.ray_pipelines(s.executor, settings, slots, unsafe)
+    if supervisor is None and s.executor == "workers":
+        from appliance.worker import WorkerSupervisor
+
+        # Not persistent: the workers it starts stop when the run closes its pipelines.
+        supervisor = WorkerSupervisor(s.home, log=lambda line: err.print(f"workers: {line}", highlight=False,
+                                                                      soft_wrap=True))
+    if supervisor is not None:
+        return supervisor.pipelines(indices, settings, slots, unsafe)
     return [Pipeline(Jail(unsafe_no_jail=unsafe, gpu=g), settings, slots=slots) for g in indices]
+
+
+@app.command()
+def worker(
+    gpu: Annotated[str, typer.Option(help="The evaluation GPU this worker owns (nvidia-smi index), or cpu.")],
+    socket_file: Annotated[Optional[Path], typer.Option(
+        "--socket", help="Unix socket to serve on (default: APPLIANCE_HOME/workers/gpuN.sock, or cpu.sock; the "
+                         "controller looks there).")] = None,
+    slots: Annotated[Optional[int], typer.Option(
+        min=1, help="Evaluations at once (default: 3 on a GPU, 1 on the CPU); more wait their turn.")] = None,
+    parent: Annotated[Optional[int], typer.Option(hidden=True, help="Stop when this process (the supervisor that "
+                                                                    "started the worker) is gone.")] = None,
+    unsafe_no_jail: Annotated[bool, typer.Option(
+        "--unsafe-no-jail", help="DEVELOPMENT ONLY: candidates run WITHOUT the jail (env "
+                                 "APPLIANCE_UNSAFE_NO_JAIL=1).")] = False,
+) -> None:
+    """An evaluation worker: serve one GPU's (or the CPU's) jailed evaluations over a Unix socket to this host's
+    `appliance controller` (and `optimize --executor workers`). One per evaluation GPU: systemd's
+    appliance-worker@N, or the controller starts its own. SIGTERM finishes the evaluations in flight, then exits."""
+    from appliance import worker as workers
+    from sandbox.jail import JailUnavailable
+
+    s = state.settings
+    try:
+        g = workers.parse_gpu(gpu)
+    except ValueError as e:
+        err.print(f"error: {e}")
+        raise typer.Exit(2)
+    unsafe = unsafe_no_jail or s.unsafe_no_jail
+    if unsafe:
+        err.print("[bold red]UNSAFE: --unsafe-no-jail: candidates run WITHOUT the jail.[/]")
+
+    def log(line: str) -> None:  # plain lines for the journal (rich would wrap them at 80 columns)
+        print(f"worker {workers.label(g)}: {line}", file=sys.stderr, flush=True)
+
+    try:
+        path = socket_file or workers.socket_path(s.home, g)
+        server = workers.WorkerServer(g, path, slots or (1 if g is None else 3), unsafe, s.home, s.jobs_dir, log)
+        server.serve(parent)
+    except (ApplianceError, JailUnavailable) as e:
+        log(f"error: {e}")
+        raise typer.Exit(3)
 
 
 def _proposer(config: OptimizeConfig):

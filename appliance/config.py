@@ -27,7 +27,8 @@ class Settings:
     llm_model: str = ""  # APPLIANCE_LLM_MODEL: the served model name
     llm_api_key: str = "EMPTY"  # APPLIANCE_LLM_API_KEY
     llm_max_tokens: int = 4096  # APPLIANCE_LLM_MAX_TOKENS: completion tokens per request (prompt + this <= context)
-    # APPLIANCE_EXECUTOR: where evaluations run: local (worker threads here) | ray://HOST:PORT | auto | HOST:PORT (Ray)
+    # APPLIANCE_EXECUTOR: where evaluations run: local (in this process; the controller always uses worker processes)
+    # | workers (one worker process per GPU) | ray://HOST:PORT | auto | HOST:PORT (Ray)
     executor: str = "local"
 
     @classmethod

@@ -10,7 +10,9 @@
     appliance_llm_tokens_total{kind}                 prompt and completion tokens
     appliance_llm_request_seconds                    LLM request latency
     appliance_queue_depth                            candidates waiting for evaluation
-    appliance_workers_up{gpu}                        evaluation workers ready (1) per GPU ("cpu" on a CPU host)
+    appliance_workers_up{gpu}                        evaluation workers ready (1) per GPU ("cpu" on a CPU host): for
+                                                     worker processes (appliance/worker.py), whether the worker
+                                                     answers on its socket, checked every 5 s
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class Metrics:
         self.llm_seconds = Histogram("appliance_llm_request_seconds", "LLM request latency", buckets=LLM_BUCKETS,
                                      registry=r)
         self.queue_depth = Gauge("appliance_queue_depth", "Candidates waiting for evaluation", registry=r)
-        self.workers_up = Gauge("appliance_workers_up", "Evaluation workers ready", ["gpu"], registry=r)
+        self.workers_up = Gauge("appliance_workers_up", "Evaluation workers ready (answering)", ["gpu"], registry=r)
 
     def serve(self, port: int, addr: str = "0.0.0.0"):
         """Serve /metrics in a background thread; returns (server, thread)."""

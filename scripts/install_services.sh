@@ -3,25 +3,28 @@
 # the `appliance` system user, /var/lib/appliance (state) and /var/cache/appliance, /etc/appliance/appliance.env
 # (from systemd/appliance.env.example, only when absent), the model profiles in /etc/appliance/models and the task
 # suite in /opt/appliance/benchmarks (files already there are kept), the units in /etc/systemd/system; then
-# `systemctl daemon-reload` and enable appliance-vllm and appliance-controller.
+# `systemctl daemon-reload` and enable appliance-vllm, appliance-controller and one appliance-worker@N per evaluation
+# GPU (every GPU nvidia-smi lists except APPLIANCE_LLM_GPU of appliance.env; appliance-worker@cpu without GPUs).
 # Nothing is started: edit /etc/appliance/appliance.env first.
 #
-#   scripts/install_services.sh [--prefix /] [--no-enable] [--venv /opt/appliance/venv]
+#   scripts/install_services.sh [--prefix /] [--no-enable] [--venv /opt/appliance/venv] [--worker-gpus 1,2,3]
 #
-# --prefix     install under another root directory (an image, a package build, a test): no user is created and
-#              systemctl is not run
-# --no-enable  copy only; no systemctl
-# --venv       where install_offline.sh put the appliance (written into the units' ExecStart=)
+# --prefix       install under another root directory (an image, a package build, a test): no user is created and
+#                systemctl is not run
+# --no-enable    copy only; no systemctl
+# --venv         where install_offline.sh put the appliance (written into the units' ExecStart=)
+# --worker-gpus  the evaluation GPUs to enable a worker for (nvidia-smi indices, or cpu), instead of asking nvidia-smi
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-prefix=/; enable=1; venv=/opt/appliance/venv
+prefix=/; enable=1; venv=/opt/appliance/venv; worker_gpus=
 while [ $# -gt 0 ]; do
   case $1 in
     --prefix) prefix=$2; shift 2 ;;
     --no-enable) enable=0; shift ;;
     --venv) venv=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --worker-gpus) worker_gpus=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -85,7 +88,8 @@ for d in tasks baselines; do
 done
 
 # 5. The units, with ExecStart= pointing at the venv (the Ray worker unit too: enable it only on extra GPU hosts).
-for unit in appliance-vllm.service appliance-controller.service appliance-ray-worker.service; do
+for unit in appliance-vllm.service appliance-controller.service appliance-ray-worker.service \
+    appliance-worker@.service; do
   sed "s#/opt/appliance/venv#$venv#g" "$repo/systemd/$unit" > "$root/etc/systemd/system/$unit"
   chmod 0644 "$root/etc/systemd/system/$unit"
 done
@@ -93,8 +97,24 @@ say "installed the units in $root/etc/systemd/system"
 [ -x "$root$venv/bin/appliance" ] || echo "install_services: warning: no $root$venv/bin/appliance yet:" \
   "install it with scripts/install_offline.sh WHEELHOUSE $venv" >&2
 
-# 6. systemd itself.
+# 6. systemd itself: vLLM, the controller, and an evaluation worker per evaluation GPU (instance = GPU index).
+evaluation_gpus() {
+  if [ -n "$worker_gpus" ]; then echo "$worker_gpus" | tr ',' ' '; return; fi
+  local llm all
+  llm=$(sed -n 's/^APPLIANCE_LLM_GPU=\([0-9][0-9]*\).*/\1/p' "$root/etc/appliance/appliance.env" | tail -n 1)
+  all=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr -d ' ' || true)
+  if [ -z "$all" ]; then echo cpu; return; fi  # no GPU (or no driver): the CPU worker
+  echo "$all" | grep -vx "${llm:-0}" | tr '\n' ' ' || true  # the LLM's GPU never evaluates
+}
 units=(appliance-vllm.service appliance-controller.service)
+if [ $host = 1 ] || [ -n "$worker_gpus" ]; then
+  workers=$(evaluation_gpus)
+  [ -n "$workers" ] || echo "install_services: warning: no evaluation GPU (the only GPU is APPLIANCE_LLM_GPU's):" \
+    "no worker enabled; pass --worker-gpus" >&2
+  for g in $workers; do units+=("appliance-worker@$g.service"); done
+else
+  say "--prefix without --worker-gpus: enable appliance-worker@N.service for each evaluation GPU on the host"
+fi
 if [ $enable = 0 ]; then
   say "--no-enable: not running systemctl"
 elif [ $host = 0 ]; then

@@ -16,8 +16,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "systemd"
 INSTALLED_RAY = "/opt/appliance/venv/bin/ray"
-UNIT_NAMES = ("appliance-vllm.service", "appliance-controller.service", "appliance-ray-worker.service")
-JAIL_UNITS = ("appliance-controller.service", "appliance-ray-worker.service")  # they run bubblewrap
+WORKER = "appliance-worker@.service"  # a template: one instance per evaluation GPU
+UNIT_NAMES = ("appliance-vllm.service", "appliance-controller.service", "appliance-ray-worker.service", WORKER)
+JAIL_UNITS = ("appliance-controller.service", "appliance-ray-worker.service", WORKER)  # they run bubblewrap
 INSTALLED_APPLIANCE = "/opt/appliance/venv/bin/appliance"
 
 
@@ -47,6 +48,12 @@ def _verify(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+def _instance(name: str) -> str:
+    """systemd-analyze (252) skips a bare template without a word: verify an instance of it, loaded from the
+    template file beside it."""
+    return name.replace("@.", "@1.")
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                     reason="systemd-analyze not installed (Debian package `systemd`; scripts/test.sh installs it)")
 def test_units_pass_systemd_analyze_verify(tmp_path):
@@ -61,7 +68,7 @@ def test_units_pass_systemd_analyze_verify(tmp_path):
         assert INSTALLED_APPLIANCE in text or INSTALLED_RAY in text
         text = text.replace(INSTALLED_APPLIANCE, str(exe)).replace(INSTALLED_RAY, str(ray))
         (tmp_path / name).write_text(text)
-    result = _verify([f"./{n}" for n in UNIT_NAMES], tmp_path)
+    result = _verify([f"./{_instance(n)}" for n in UNIT_NAMES], tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     # Unknown keys and bad values are only warnings (exit 0): none may mention our units.
@@ -69,12 +76,13 @@ def test_units_pass_systemd_analyze_verify(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-def test_verify_catches_a_broken_unit(tmp_path):
-    """The verify test above can fail: a misspelt key and a missing binary are reported."""
+@pytest.mark.parametrize("name", ["appliance-controller.service", WORKER])
+def test_verify_catches_a_broken_unit(tmp_path, name):
+    """The verify test above can fail: a misspelt key and a missing binary are reported (in a template too)."""
     missing = tmp_path / "no-venv/bin/appliance"
-    text = (UNITS / "appliance-controller.service").read_text().replace("NoNewPrivileges=", "NoNewPrivilege=")
-    (tmp_path / "appliance-controller.service").write_text(text.replace(INSTALLED_APPLIANCE, str(missing)))
-    result = _verify(["./appliance-controller.service"], tmp_path)
+    text = (UNITS / name).read_text().replace("NoNewPrivileges=", "NoNewPrivilege=")
+    (tmp_path / name).write_text(text.replace(INSTALLED_APPLIANCE, str(missing)))
+    result = _verify([f"./{_instance(name)}"], tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0 and str(missing) in output
     assert "NoNewPrivilege" in output
@@ -87,20 +95,26 @@ def test_units_run_the_right_commands_with_the_shared_config():
         "$APPLIANCE_MODEL_SERVE_ARGS"]
     assert starts["appliance-controller.service"] == [f"{INSTALLED_APPLIANCE} controller $APPLIANCE_CONTROLLER_ARGS"]
     assert starts["appliance-ray-worker.service"][0].startswith("/opt/appliance/venv/bin/ray start --block")
+    assert starts[WORKER] == [f"{INSTALLED_APPLIANCE} worker --gpu %i $APPLIANCE_WORKER_ARGS"]
     example = (UNITS / "appliance.env.example").read_text()
     for name in UNIT_NAMES:
         s = service(name)
-        assert s["User"] == ["appliance"] and s["Type"] == ["exec"]
+        # A worker is ready when its socket listens (sd_notify): the controller, ordered after it, then uses it.
+        assert s["User"] == ["appliance"] and s["Type"] == (["notify"] if name == WORKER else ["exec"])
         assert s["EnvironmentFile"] == ["/etc/appliance/appliance.env"]
         assert "APPLIANCE_HOME=/var/lib/appliance" in s["Environment"]
         assert s["StandardOutput"] == ["journal"] and s["StandardError"] == ["journal"]
         assert s["Restart"] == ["on-failure"]
-        assert parse_unit(UNITS / name)["Install"]["WantedBy"] == ["multi-user.target"]
+        assert parse_unit(UNITS / name)["Install"]["WantedBy"][0].split()[0] == "multi-user.target"
         # Every setting a unit reads from the environment is documented in the example config.
         for var in re.findall(r"\$\{?(APPLIANCE_[A-Z_]+)", " ".join(s["ExecStart"])):
             assert re.search(rf"^#?{var}=", example, re.M), f"{var} is not in appliance.env.example"
     assert re.search(r"^APPLIANCE_MODEL_PROFILE=\S", example, re.M)
     assert re.search(r"^APPLIANCE_LLM_GPU=0$", example, re.M)
+    # Enabled workers start with the controller, and before it: it finds them listening instead of starting its own.
+    worker = parse_unit(UNITS / WORKER)
+    assert "appliance-controller.service" in worker["Install"]["WantedBy"][0].split()
+    assert worker["Unit"]["Before"] == ["appliance-controller.service"]
 
 
 def test_unit_commands_exist_in_the_cli():
@@ -113,6 +127,8 @@ def test_unit_commands_exist_in_the_cli():
     assert serve.exit_code == 0 and "--gpu" in serve.output
     controller = runner.invoke(app, ["controller", "--help"])
     assert controller.exit_code == 0 and "--metrics-port" in controller.output
+    worker = runner.invoke(app, ["worker", "--help"])
+    assert worker.exit_code == 0 and "--gpu" in worker.output and "--socket" in worker.output
 
 
 def test_every_unit_is_hardened():
@@ -148,9 +164,10 @@ def test_jail_units_keep_what_the_jail_needs(name):
 def test_install_services_into_a_prefix(tmp_path):
     root = tmp_path / "root"
     cmd = ["bash", str(REPO / "scripts/install_services.sh"), "--prefix", str(root), "--venv", "/srv/app/venv"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(cmd + ["--worker-gpus", "1,2"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "not running systemctl" in result.stdout and "appliance-controller.service" in result.stdout
+    assert "appliance-worker@1.service appliance-worker@2.service" in result.stdout  # an instance per GPU
     for name in UNIT_NAMES:
         installed = (root / "etc/systemd/system" / name).read_text()
         assert "/opt/appliance/venv" not in installed and "/srv/app/venv/bin/" in installed
