@@ -2,7 +2,8 @@
 """The optimisation loop on bundled tasks: what a tuner run finds, and how many evaluations per GPU-hour it does.
 
     python benchmarks/optimize_suite.py [--tasks softmax,rmsnorm,layernorm] [--max-candidates 12] [--device auto]
-                                        [--gpus 0] [--max-wall S] [--compare-naive] [--out DIR]
+                                        [--gpus 0 | --executor HOST:PORT] [--max-wall S] [--compare-naive]
+                                        [--in-flight N] [--out DIR]
 
 For each task: `appliance optimize benchmarks/tasks/T.py --proposer tune --json` in a fresh APPLIANCE_HOME
 (DIR/T-*), then the seed's and the best's stored timings (`appliance show ID --json`). One Markdown row per task,
@@ -63,7 +64,9 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
     home = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out))
     cmd = ["optimize", str(REPO / "benchmarks/tasks" / f"{name}.py"), "--proposer", "tune",
            "--max-candidates", str(args.max_candidates), "--json", "--device", device]
-    if device == "cuda":
+    if args.executor:
+        cmd += ["--executor", args.executor]  # the cluster's GPUs: its workers say which they lend
+    elif device == "cuda":
         cmd += ["--gpus", args.gpus]
     if args.in_flight:
         cmd += ["--workers", str(args.in_flight)]
@@ -84,7 +87,7 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
                          (summary["run_id"],)).fetchall()
     db.close()
 
-    n_gpus = len(args.gpus.split(",")) if device == "cuda" else 1
+    n_gpus = (len(per_gpu) if args.executor else len(args.gpus.split(","))) if device == "cuda" else 1
     per_gpu_hour = summary["evaluated"] / (wall / 3600) / n_gpus
     unit = " (CPU)" if device == "cpu" else ""
     roof = best_t.get("roofline_fraction")
@@ -119,6 +122,7 @@ def main() -> int:
     parser.add_argument("--max-wall", type=float, help="per task: the run's wall budget, seconds (fits a time slot)")
     parser.add_argument("--compare-naive", action="store_true")
     parser.add_argument("--in-flight", type=int, help="evaluations in flight per device (default: the CLI's)")
+    parser.add_argument("--executor", help="e.g. a Ray cluster's GCS address HOST:PORT (default: local workers on --gpus)")
     parser.add_argument("--out", type=Path, help="where run databases and results.md go (default: a temp dir)")
     args = parser.parse_args()
 
@@ -128,7 +132,8 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="optimize-suite-"))
     out.mkdir(parents=True, exist_ok=True)
     columns = COLUMNS + (NAIVE_COLUMNS if args.compare_naive else [])
-    header = (f"\nOptimisation loop on {device} (gpus {args.gpus if device == 'cuda' else '-'}), tuner, "
+    where = f"executor {args.executor}" if args.executor else f"gpus {args.gpus if device == 'cuda' else '-'}"
+    header = (f"\nOptimisation loop on {device} ({where}), tuner, "
               f"--max-candidates {args.max_candidates}; run databases under {out}\n\n"
               f"| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
     lines = [header]

@@ -125,6 +125,12 @@ def record_ops(fn, *args) -> tuple[object, list[str]]:
     seen: set[str] = set()
 
     class Recorder(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # Otherwise defining the mode wraps it in torch._disable_dynamo, whose first use imports Dynamo (and
+            # sympy): seconds of a candidate's measuring turn, for a mode that never meets torch.compile.
+            return False
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             seen.add(func.overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
