@@ -26,8 +26,9 @@ from appliance.search.database import Entry, SearchDatabase, feedback
 from appliance.tasks import Task
 
 
-BARREN_GENERATIONS = 3
-BUDGETS = ("max_candidates", "max_gpu_seconds", "max_wall_s", "max_tokens")  # generations in a row without a new candidate to evaluate end the run
+BARREN_GENERATIONS = 3  # generations in a row without a new candidate to evaluate end the run
+PROFILE_MIN_GAIN = 1.03  # a passing candidate is profiled (Nsight Compute) when it beats the best by 3%
+BUDGETS = ("max_candidates", "max_gpu_seconds", "max_wall_s", "max_tokens")
 
 
 @dataclass
@@ -238,8 +239,11 @@ class Optimizer:
                        details={"infrastructure_error": str(error)})
 
     def _beats_best(self, speedup: float | None) -> bool:
+        """Profile a candidate that beats the run's best by PROFILE_MIN_GAIN: a profile holds the device ~10 s on
+        the H200, and a tuner run's many small steps would otherwise spend more device time profiling than
+        evaluating."""
         best = summarize(self.store, self.run_id, self.state).best
-        return bool(speedup) and (best is None or speedup > (best.get("speedup_vs_eager") or 0))
+        return bool(speedup) and (best is None or speedup > PROFILE_MIN_GAIN * (best.get("speedup_vs_eager") or 0))
 
     def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError) -> None:
         if isinstance(outcome, InfrastructureError):

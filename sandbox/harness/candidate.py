@@ -126,9 +126,6 @@ def run(spec: dict) -> dict:
     for shape in spec["shapes"]:
         saved_sets = [(seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True,
                                         mmap=True, map_location="cpu")) for seed in spec["seeds"]]
-        if device == "cuda":  # page-locked before the turn: the upload in it is then a short DMA
-            for _, saved in saved_sets:
-                saved["args"] = [a.pin_memory() if isinstance(a, torch.Tensor) else a for a in saved["args"]]
         sets = []
         with device_turn(shared=True):
             for seed, saved in saved_sets:

@@ -186,7 +186,6 @@ def check(spec: dict) -> dict:
             files.read(_input_path(spec, shape["name"], seed))
             files.read(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
         files.read(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
-    files.pin()
     read_s = time.perf_counter() - t0
     with device_turn(shared=True):
         files.upload()
@@ -212,18 +211,6 @@ class _Files:
             self.loaded[path] = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
         except Exception as exc:  # noqa: BLE001 - reported where the file is used
             self.loaded[path] = exc
-
-    def pin(self) -> None:
-        """Copy what was read into page-locked memory (no turn needed): the upload from there is a short DMA,
-        where one from pageable memory runs at memcpy speed and keeps measurements waiting."""
-        if self.device != "cuda":
-            return
-        for path, value in self.loaded.items():
-            if not isinstance(value, Exception):
-                try:
-                    self.loaded[path] = _map(value, lambda t: t.pin_memory())
-                except Exception as exc:  # noqa: BLE001 - a strange structure from untrusted code
-                    self.loaded[path] = exc
 
     def upload(self, paths=None) -> None:
         """Tensors read so far, to the device (in a shared turn: no measuring meanwhile)."""
