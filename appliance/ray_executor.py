@@ -30,7 +30,7 @@ from pathlib import Path
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
-from appliance.tasks import Task, load_task
+from appliance.tasks import Task, load_task, task_files
 
 
 def _ray():
@@ -89,6 +89,7 @@ def ray_pipelines(address: str, settings: EvalSettings, slots: int, unsafe: bool
     return [RayPipeline(actor.remote(settings, slots, unsafe), i, settings, slots, unsafe) for i in range(count)]
 
 
+
 @dataclass
 class RemoteJail:
     """What the loop reads of a pipeline's jail: the GPU label of the worker (its index in the cluster), or None."""
@@ -114,7 +115,7 @@ class RayPipeline:
         candidate_path = Path(candidate_path)
         if not candidate_path.is_file():
             raise TaskError(str(candidate_path), "no such candidate file")
-        files = {"name": task.name, "source": task.source, "manifest": task.manifest_text, "path": str(task.path)}
+        files = task_files(task)
         try:
             self._wait_until_placed()
             result = ray.get(self.actor.evaluate.remote(files, candidate_path.read_text(errors="replace"),
@@ -134,6 +135,15 @@ class RayPipeline:
         if "task_error" in result:
             raise TaskError(*result["task_error"])
         raise InfrastructureError(f"Ray worker {self.index} ({result.get('host')}): {result['infrastructure_error']}")
+
+    def prepare(self, task: Task) -> None:
+        """Have the worker prepare the task's inputs now; what goes wrong shows again in the first evaluation."""
+        ray = _ray()
+        try:
+            self._wait_until_placed()
+            ray.get(self.actor.prepare.remote(task_files(task)))
+        except ray.exceptions.RayError:
+            pass
 
     def _wait_until_placed(self) -> None:
         """A cheap call before each evaluation: it waits for the actor to be placed (after a restart, maybe on
@@ -200,6 +210,12 @@ class EvaluationWorker:
         outcome.reason = outcome.reason.replace(str(path), display_path)  # name the controller's file
         outcome.details["host"] = self.host
         return outcome
+
+    def prepare(self, files: dict) -> None:
+        try:
+            self.pipeline.prepare(self._task(files))
+        except (TaskError, InfrastructureError):
+            pass  # the evaluations that follow meet it again and report it
 
     def _task(self, files: dict) -> Task:
         """The task rebuilt from its text, written once per task into this worker's directory."""

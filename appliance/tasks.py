@@ -129,6 +129,11 @@ class Task:
         return flops, nbytes
 
 
+def task_files(task: Task) -> dict:
+    """A task as text, to send to a worker process or Ray actor that rebuilds it on its side."""
+    return {"name": task.name, "source": task.source, "manifest": task.manifest_text, "path": str(task.path)}
+
+
 def load_task(path: str | Path) -> Task:
     path = Path(path)
     if not path.is_file():

@@ -49,7 +49,7 @@ from typing import Callable
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
 from appliance.ray_executor import RemoteJail
-from appliance.tasks import Task, load_task
+from appliance.tasks import Task, load_task, task_files
 
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
 KEPT_PIPELINES = 4  # settings a worker keeps pipelines (and their reused inputs) for; idle ones beyond are closed
@@ -196,6 +196,8 @@ class WorkerServer:
                     conn.send(self.status())
                 elif op == "evaluate":
                     conn.send(self._evaluate(conn, request))
+                elif op == "prepare":
+                    conn.send(self._prepare(request))
                 elif op == "release":
                     self._release(request["settings"])
                     conn.send({"ok": True})
@@ -241,6 +243,21 @@ class WorkerServer:
         outcome.reason = outcome.reason.replace(str(path), request["path"])  # name the client's file
         outcome.details |= {"host": self.host, "worker_pid": os.getpid()}
         return {"outcome": outcome}
+
+    def _prepare(self, request: dict) -> dict:
+        """The task's inputs and baselines made now, before the run's first candidate here. A failure is only
+        logged: the evaluations that follow meet it again and report it."""
+        key = None
+        try:
+            key, pipeline = self._acquire(request["settings"])
+            pipeline.prepare(self._task(request["task"]))
+            return {"ok": True}
+        except (TaskError, InfrastructureError) as e:
+            return {"ok": False, "error": str(e)}
+        finally:
+            if key is not None:
+                with self.lock:
+                    self.users[key] -= 1
 
     def _acquire(self, fields: dict) -> tuple[str, Pipeline]:
         key = json.dumps(fields, sort_keys=True, default=str)
@@ -557,9 +574,8 @@ class WorkerPipeline:
         if not candidate_path.is_file():
             raise TaskError(str(candidate_path), "no such candidate file")
         request = {"op": "evaluate", "settings": self.fields, "ask_profile": self.profile_if is not None,
-                   "task": {"name": task.name, "source": task.source, "manifest": task.manifest_text,
-                            "path": str(task.path)},
-                   "source": candidate_path.read_text(errors="replace"), "path": str(candidate_path)}
+                   "task": task_files(task), "source": candidate_path.read_text(errors="replace"),
+                   "path": str(candidate_path)}
         conn = self._connect()
         try:
             conn.send(request)
@@ -580,6 +596,17 @@ class WorkerPipeline:
         if "infrastructure_error" in reply:
             raise InfrastructureError(f"{self.worker.describe()}: {reply['infrastructure_error']}")
         raise RuntimeError(f"{self.worker.describe()} failed:\n{reply.get('bug', reply)}")
+
+    def prepare(self, task: Task) -> None:
+        """Have the worker prepare the task's inputs now; what goes wrong shows again in the first evaluation."""
+        conn = self._connect()
+        try:
+            conn.send({"op": "prepare", "settings": self.fields, "task": task_files(task)})
+            conn.recv()
+        except (EOFError, OSError):
+            pass  # a worker lost now is the first evaluation's to report
+        finally:
+            conn.close()
 
     def _connect(self) -> Connection:
         """A connection to the worker; a worker being (re)started is waited for."""
@@ -612,6 +639,7 @@ class WorkerPipeline:
         except AuthenticationError:
             pass
         self.supervisor.closed(self)
+
 
 
 def _exit_status(rc: int | None) -> str:

@@ -144,6 +144,50 @@ class Pipeline:
             if not s.keep_job_dir:
                 shutil.rmtree(job, ignore_errors=True)
 
+    def prepare(self, task: Task) -> None:
+        """Make and keep the task's inputs and baselines now (with reuse_inputs), so that the first candidate sent
+        here does not wait for them: a run prepares every worker at once, while its seed is evaluated."""
+        if not self.settings.reuse_inputs:
+            return
+        device = resolve_device(self.settings.device)
+        self._kept_inputs(task, device, self.settings.mode or ("full" if device == "cuda" else "small"), {}, [])
+
+    def _common_spec(self, task: Task, device: str, mode: str) -> dict:
+        return {"device": device, "dtype": task.manifest.dtype, "seeds": list(range(task.manifest.seeds)),
+                "shapes": [vars(sh) for sh in task.shapes(mode)], "timing_budget_s": self.settings.timing_budget_s}
+
+    def _kept_inputs(self, task: Task, device: str, mode: str, wall: dict, turns: list[dict]) -> tuple[Path, dict]:
+        """(inputs dir, prepare's result) for this task, prepared by the first caller; the others wait for it."""
+        s = self.settings
+        key = "|".join([str(task.path), hashlib.sha256((task.source + task.manifest_text).encode()).hexdigest(), mode,
+                        device, ",".join(s.baselines)])
+        with self._once:
+            kept = self._prepared.get(key)
+            if kept and kept[0].is_dir():
+                wall["prepare"] = 0.0
+                return kept
+            inputs_dir = Path(tempfile.mkdtemp(prefix="inputs-", dir=s.jobs_dir))
+            reference = Path(tempfile.mkdtemp(prefix="prepare-", dir=s.jobs_dir))
+            try:
+                shutil.copy(task.path, reference / "task.py")
+                spec = self._common_spec(task, device, mode) | {"task_file": str(reference / "task.py"),
+                                                                "task_display": str(task.path)}
+                self._prepared[key] = (inputs_dir, self._prepare(task, spec, inputs_dir, reference, wall, turns))
+            except BaseException:
+                shutil.rmtree(inputs_dir, ignore_errors=True)
+                raise
+            finally:
+                shutil.rmtree(reference, ignore_errors=True)
+            return self._prepared[key]
+
+    def _prepare(self, task: Task, task_spec: dict, inputs_dir: Path, workdir: Path, wall: dict,
+                 turns: list[dict]) -> dict:
+        """The baselines are timed with the device to themselves; candidates of the task wait for them."""
+        s = self.settings
+        return self._harness(["prepare"], task_spec | {"baselines": list(s.baselines), "inputs_dir": str(inputs_dir)},
+                             workdir=workdir, rw=[inputs_dir], timeout=s.reference_timeout_s, task=task, wall=wall,
+                             turns=turns, exclusive=True)
+
     def _run(self, task, candidate_path, job, device, mode, base, backends) -> Outcome:
         s = self.settings
         wall: dict[str, float] = {}  # seconds per process of this evaluation
@@ -151,42 +195,21 @@ class Pipeline:
         dirs = {k: job / k for k in ("reference", "inputs", "candidate", "outputs", "check")}
         for d in dirs.values():
             d.mkdir()
-        key = "|".join([str(task.path), hashlib.sha256((task.source + task.manifest_text).encode()).hexdigest(), mode,
-                        device, ",".join(s.baselines)])
         shutil.copy(task.path, dirs["reference"] / "task.py")
         shutil.copy(candidate_path, dirs["candidate"] / "candidate.py")
         shapes = [vars(sh) for sh in task.shapes(mode)]
-        common = {
-            "device": device,
-            "dtype": task.manifest.dtype,
-            "seeds": list(range(task.manifest.seeds)),
-            "shapes": shapes,
-            "inputs_dir": str(dirs["inputs"]),
-            "outputs_dir": str(dirs["outputs"]),
-            "timing_budget_s": s.timing_budget_s,
-        }
+        common = self._common_spec(task, device, mode) | {"inputs_dir": str(dirs["inputs"]),
+                                                          "outputs_dir": str(dirs["outputs"])}
         task_spec = common | {"task_file": str(dirs["reference"] / "task.py"), "task_display": str(task.path)}
 
         # 1. Inputs and baselines, from the task's own code (or kept from an earlier candidate of this task).
-        #    The baselines are timed with the device to themselves; candidates of the task wait for them.
-        def prepare(inputs_dir: Path) -> dict:
-            return self._harness(["prepare"], task_spec | {"baselines": list(s.baselines), "inputs_dir": str(inputs_dir)},
-                                 workdir=dirs["reference"], rw=[inputs_dir], timeout=s.reference_timeout_s,
-                                 task=task, wall=wall, turns=turns, exclusive=True)
-
         if s.reuse_inputs:
-            with self._once:
-                reused = self._prepared.get(key)
-                if not (reused and reused[0].is_dir()):
-                    inputs_dir = Path(tempfile.mkdtemp(prefix="inputs-", dir=s.jobs_dir))
-                    reused = self._prepared[key] = (inputs_dir, prepare(inputs_dir))
-                else:
-                    wall["prepare"] = 0.0
-            dirs["inputs"], prepared = reused
+            inputs_dir, prepared = self._kept_inputs(task, device, mode, wall, turns)
+            dirs["inputs"] = inputs_dir
             for spec in (common, task_spec):
-                spec["inputs_dir"] = str(dirs["inputs"])
+                spec["inputs_dir"] = str(inputs_dir)
         else:
-            prepared = prepare(dirs["inputs"])
+            prepared = self._prepare(task, task_spec, dirs["inputs"], dirs["reference"], wall, turns)
         environment = prepared["environment"]
         details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall, "gpu_index": self.jail.gpu}
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 from appliance.db import Store
 from appliance.db.models import Candidate
-from appliance.errors import InfrastructureError
+from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import Outcome, Pipeline
 from appliance.metrics import Metrics
 from appliance.proposers.base import Example, PromptContext, Proposal
@@ -116,7 +116,11 @@ class Optimizer:
         proposed_after = -1  # results recorded when we last proposed: propose again only after a new one
         recorded = 0
         status = "running"
-        with ThreadPoolExecutor(len(slots)) as pool:
+        with ThreadPoolExecutor(len(slots) + len(self.pipelines)) as pool:
+            # Every worker prepares the task's inputs and baselines now, while the first candidates are evaluated
+            # on another: a GPU that waited for its first candidate to start preparing joined a run ~1 min late.
+            for pipeline in self.pipelines:
+                pool.submit(self._prepare, pipeline)
             try:
                 while True:
                     status = self._external_status() or self._budget_status()
@@ -166,6 +170,13 @@ class Optimizer:
                 if failure:
                     raise failure
         return status
+
+    def _prepare(self, pipeline: Pipeline) -> None:
+        try:
+            pipeline.prepare(self.task)
+        except (TaskError, InfrastructureError) as e:
+            where = "the CPU" if pipeline.jail.gpu is None else f"GPU {pipeline.jail.gpu}"
+            self.log(f"preparing the task on {where} failed (the first evaluation there says why): {e}")
 
     def _room(self) -> int:
         """Evaluations the candidate budget still allows."""

@@ -97,6 +97,26 @@ def test_a_budget_lowered_in_the_database_applies_to_the_run_in_progress(tmp_pat
     assert json.loads(json.dumps(store.get_run(run_id).config))["max_candidates"] == 2
 
 
+def test_every_worker_prepares_the_task_when_the_run_starts_not_when_its_first_candidate_comes(tmp_path):
+    """With one candidate and two workers, the idle worker has the inputs ready all the same."""
+    store, run_id, cfg, _ = make_run(tmp_path, max_candidates=1)
+    kept_at_close = []
+
+    class Watched(Pipeline):
+        def close(self):
+            kept_at_close.append(len(self._prepared))
+            super().close()
+
+    pipelines = [Watched(Jail(), settings(tmp_path)) for _ in range(2)]
+    from appliance.proposers.tune import TuneProposer
+    import random
+
+    summary = Optimizer(store, run_id, load_task(SOFTMAX), pipelines, TuneProposer(random.Random(0)), cfg,
+                        tmp_path / "work").run()
+    assert summary.evaluated == 1
+    assert kept_at_close == [1, 1]
+
+
 def test_two_controllers_cannot_claim_the_same_run(tmp_path):
     store, run_id, _, _ = make_run(tmp_path)
     store.update_run(run_id, status="queued")
