@@ -1,7 +1,6 @@
-# Source after scripts/gpu_env.sh on the lent GPU machine, to try the Ray executor there: unpacks Ray from .whl-ray
-# (a trimmed Ray wheel, see below, and its pure-Python dependencies) into /tmp/ray-site.
-# Ray's wheel (~80 MB) does not fit the machine's 64 MiB carry with the wheelhouse, so .whl-ray holds it unzipped
-# without the parts the appliance never loads (jars, rllib, data, tune, train, serve, llm), as ray-trim.tar.xz.
+# Source after scripts/gpu_env.sh on the lent GPU machine, to try the Ray executor there: unpacks the trimmed Ray
+# and its dependencies from .whl-ray (built by scripts/build_ray_carry.sh: Ray's wheel alone does not fit the
+# machine's 64 MiB carry beside the wheelhouse) into /tmp/ray-site.
 ray_site=/tmp/ray-site
 if [ ! -d "$ray_site/ray" ]; then
   mkdir -p "$ray_site" && tar xJf .whl-ray/ray-trim.tar.xz -C "$ray_site" &&
