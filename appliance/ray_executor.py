@@ -18,19 +18,17 @@ worker mounts that worker's own Python installation and `sandbox` package.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import socket
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
-from appliance.tasks import Task, load_task, task_files
+from appliance.tasks import RebuiltTasks, Task, task_files
 
 
 def _ray():
@@ -187,8 +185,7 @@ class EvaluationWorker:
         self.pipeline = Pipeline(Jail(unsafe_no_jail=unsafe, gpu=gpu), local, slots)
         self.host = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
         self.dir = Path(tempfile.mkdtemp(prefix="ray-worker-", dir=local.jobs_dir))
-        self.tasks: dict[str, Task] = {}
-        self.lock = threading.Lock()
+        self.tasks = RebuiltTasks(self.dir / "task")
 
     def ready(self) -> str:
         return self.host
@@ -196,7 +193,7 @@ class EvaluationWorker:
     def evaluate(self, files: dict, source: str, display_path: str) -> Outcome | dict:
         job = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir))
         try:
-            task = self._task(files)
+            task = self.tasks.get(files)
             path = job / Path(display_path).name
             path.write_text(source)
             outcome = self.pipeline.evaluate(task, path)
@@ -213,22 +210,9 @@ class EvaluationWorker:
 
     def prepare(self, files: dict) -> None:
         try:
-            self.pipeline.prepare(self._task(files))
+            self.pipeline.prepare(self.tasks.get(files))
         except (TaskError, InfrastructureError):
             pass  # the evaluations that follow meet it again and report it
-
-    def _task(self, files: dict) -> Task:
-        """The task rebuilt from its text, written once per task into this worker's directory."""
-        key = hashlib.sha256((files["name"] + files["source"] + files["manifest"]).encode()).hexdigest()[:16]
-        with self.lock:
-            if key not in self.tasks:
-                d = self.dir / "task" / key
-                d.mkdir(parents=True, exist_ok=True)
-                (d / f"{files['name']}.py").write_text(files["source"])
-                if files["manifest"]:
-                    (d / f"{files['name']}.toml").write_text(files["manifest"])
-                self.tasks[key] = load_task(d / f"{files['name']}.py")
-            return self.tasks[key]
 
     def close(self) -> None:
         self.pipeline.close()

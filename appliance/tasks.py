@@ -8,7 +8,9 @@ with the task's file and line.
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
+import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +134,25 @@ class Task:
 def task_files(task: Task) -> dict:
     """A task as text, to send to a worker process or Ray actor that rebuilds it on its side."""
     return {"name": task.name, "source": task.source, "manifest": task.manifest_text, "path": str(task.path)}
+
+
+class RebuiltTasks:
+    """Tasks received as text (task_files), each written once under `root` and loaded: a worker's copies."""
+
+    def __init__(self, root: Path):
+        self.root, self.tasks, self.lock = root, {}, threading.Lock()
+
+    def get(self, files: dict) -> Task:
+        key = hashlib.sha256((files["name"] + files["source"] + files["manifest"]).encode()).hexdigest()[:16]
+        with self.lock:
+            if key not in self.tasks:
+                d = self.root / key
+                d.mkdir(parents=True, exist_ok=True)
+                (d / f"{files['name']}.py").write_text(files["source"])
+                if files["manifest"]:
+                    (d / f"{files['name']}.toml").write_text(files["manifest"])
+                self.tasks[key] = load_task(d / f"{files['name']}.py")
+            return self.tasks[key]
 
 
 def load_task(path: str | Path) -> Task:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import hashlib
 import json
 import os
 import secrets
@@ -49,7 +48,7 @@ from typing import Callable
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
 from appliance.ray_executor import RemoteJail
-from appliance.tasks import Task, load_task, task_files
+from appliance.tasks import RebuiltTasks, Task, task_files
 
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
 KEPT_PIPELINES = 4  # settings a worker keeps pipelines (and their reused inputs) for; idle ones beyond are closed
@@ -121,7 +120,7 @@ class WorkerServer:
         self.pipelines: dict[str, Pipeline] = {}  # settings -> pipeline, oldest first
         self.users: Counter[str] = Counter()  # settings -> evaluations in flight
         self.gate = None  # the device's turns, shared by every pipeline of this worker
-        self.tasks: dict[str, Task] = {}
+        self.tasks: RebuiltTasks | None = None  # set with self.dir, in serve()
         self.local = threading.local()  # the connection whose evaluation runs in this thread (profile questions)
         self.idle = threading.Condition()
         self.in_flight = 0
@@ -132,6 +131,7 @@ class WorkerServer:
         self.jail.check()  # fail closed now, not on the first candidate (JailUnavailable: the caller says why)
         claim_socket(self.path, self.key, self.log)
         self.dir = Path(tempfile.mkdtemp(prefix=f"worker-{label(self.gpu)}-", dir=self.jobs_dir))
+        self.tasks = RebuiltTasks(self.dir / "task")
         try:
             listener = Listener(str(self.path), "AF_UNIX", backlog=64)  # the handshake is per connection, below
         except OSError as e:
@@ -219,7 +219,7 @@ class WorkerServer:
             try:
                 key, pipeline = self._acquire(request["settings"])
                 self.local.conn, self.local.ask = conn, request.get("ask_profile", False)
-                task = self._task(request["task"])
+                task = self.tasks.get(request["task"])
                 path = job / Path(request["path"]).name
                 path.write_text(request["source"])
                 outcome = pipeline.evaluate(task, path)
@@ -250,7 +250,7 @@ class WorkerServer:
         key = None
         try:
             key, pipeline = self._acquire(request["settings"])
-            pipeline.prepare(self._task(request["task"]))
+            pipeline.prepare(self.tasks.get(request["task"]))
             return {"ok": True}
         except (TaskError, InfrastructureError) as e:
             return {"ok": False, "error": str(e)}
@@ -301,19 +301,6 @@ class WorkerServer:
             return bool(conn.recv())
         except (EOFError, OSError):
             return False  # the client is gone; its evaluation finishes for nobody
-
-    def _task(self, files: dict) -> Task:
-        """The task rebuilt from its text, written once per task into this worker's directory."""
-        key = hashlib.sha256((files["name"] + files["source"] + files["manifest"]).encode()).hexdigest()[:16]
-        with self.lock:
-            if key not in self.tasks:
-                d = self.dir / "task" / key
-                d.mkdir(parents=True, exist_ok=True)
-                (d / f"{files['name']}.py").write_text(files["source"])
-                if files["manifest"]:
-                    (d / f"{files['name']}.toml").write_text(files["manifest"])
-                self.tasks[key] = load_task(d / f"{files['name']}.py")
-            return self.tasks[key]
 
 
 def claim_socket(path: Path, key: bytes, log: Callable[[str], None] = lambda _: None) -> None:
