@@ -58,10 +58,10 @@ def test_controller_runs_a_queued_run_and_serves_metrics(appliance, home):
         assert metrics[("appliance_candidates_total", (("proposer", "tune"), ("verdict", "pass")))] == 1
         assert metrics[("appliance_evaluation_seconds_count", (("stage", "candidate"),))] == 2
         assert metrics[("appliance_evaluation_seconds_count", (("stage", "prepare"),))] == 1  # reused afterwards
-        assert metrics[("appliance_workers_up", (("gpu", "cpu"),))] == 1
+        assert metrics[("appliance_workers_up", (("gpu", "cpu"), ("host", socket.gethostname())))] == 1
         # No GPU here: GPU seconds and energy are exported, and 0 (never invented).
-        assert metrics[("appliance_gpu_seconds_total", (("gpu", "cpu"),))] == 0
-        assert metrics[("appliance_energy_joules_total", (("gpu", "cpu"),))] == 0
+        assert metrics[("appliance_gpu_seconds_total", (("gpu", "cpu"), ("host", socket.gethostname())))] == 0
+        assert metrics[("appliance_energy_joules_total", (("gpu", "cpu"), ("host", socket.gethostname())))] == 0
         assert metrics[("appliance_run_best_speedup", (("baseline", "eager"), ("run", str(run_id))))] > 0
         assert ("appliance_queue_depth", ()) in metrics
     finally:
@@ -84,6 +84,28 @@ def test_grafana_dashboard_queries_only_metrics_the_controller_exports():
     used = {name for panel in dashboard["panels"] for target in panel["targets"]
             for name in re.findall(r"\bappliance_[a-z_]+", target["expr"])}
     assert used and used <= exported, used - exported
+
+
+def test_gpu_seconds_and_energy_are_counted_per_host_and_gpu_of_the_evaluating_worker():
+    """A Ray or worker-process evaluation records its host; the metrics charge that host's GPU, not the controller's."""
+    from prometheus_client import generate_latest
+
+    from appliance.evaluation.pipeline import Outcome
+    from appliance.metrics import Metrics
+
+    m = Metrics()
+
+    def outcome(host, gpu, held, joules):
+        return Outcome(verdict="pass", stage="done", reason="", jailed=True, device="cuda", mode="full",
+                       details={"gpu_index": gpu, "host": host, "device_turns": {"held_s": held, "joules": joules}})
+
+    m.evaluation(outcome("gpu-a/0123", 0, 1.5, 900.0), "tune")
+    m.evaluation(outcome("gpu-b/4567", 0, 2.0, 1200.0), "tune")
+    m.evaluation(outcome("gpu-b/4567", 0, 1.0, 600.0), "tune")
+    text = generate_latest(m.registry).decode()
+    assert 'appliance_gpu_seconds_total{gpu="0",host="gpu-a/0123"} 1.5' in text
+    assert 'appliance_gpu_seconds_total{gpu="0",host="gpu-b/4567"} 3.0' in text
+    assert 'appliance_energy_joules_total{gpu="0",host="gpu-b/4567"} 1800.0' in text
 
 
 def test_sigterm_finishes_the_evaluation_in_flight_and_a_new_controller_completes_the_run(appliance, home):

@@ -108,7 +108,7 @@ def test_the_controller_evaluates_in_worker_processes_it_restarts_and_stops(appl
     path = socket_path(home, None)
 
     def up() -> float:
-        return scrape(port).get(("appliance_workers_up", (("gpu", "cpu"),)))
+        return scrape(port).get(("appliance_workers_up", (("gpu", "cpu"), ("host", socket.gethostname()))))
 
     try:
         wait_for(lambda: proc.poll() is not None or run_status(home, run_id) == "finished", 120, "the run")

@@ -104,6 +104,7 @@ class Pipeline:
         self.gate = DeviceGate(energy_meter=meter)
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
+        self._prepared_ahead: dict[str, tuple[float, list[dict]]] = {}  # key -> (wall s, device turns) not yet charged
         self._once = threading.Lock()  # one thread prepares a task's inputs (or measures ceilings); the rest wait
         # With settings.profile: which passing candidates get an Nsight Compute run (given the speedup vs eager).
         # A search profiles only new bests: a profile costs about as much as the evaluation itself.
@@ -150,21 +151,31 @@ class Pipeline:
         if not self.settings.reuse_inputs:
             return
         device = resolve_device(self.settings.device)
-        self._kept_inputs(task, device, self.settings.mode or ("full" if device == "cuda" else "small"), {}, [])
+        self._kept_inputs(task, device, self.settings.mode or ("full" if device == "cuda" else "small"), {}, [],
+                          ahead=True)
 
     def _common_spec(self, task: Task, device: str, mode: str) -> dict:
         return {"device": device, "dtype": task.manifest.dtype, "seeds": list(range(task.manifest.seeds)),
                 "shapes": [vars(sh) for sh in task.shapes(mode)], "timing_budget_s": self.settings.timing_budget_s}
 
-    def _kept_inputs(self, task: Task, device: str, mode: str, wall: dict, turns: list[dict]) -> tuple[Path, dict]:
-        """(inputs dir, prepare's result) for this task, prepared by the first caller; the others wait for it."""
+    def _key(self, task: Task, device: str, mode: str) -> str:
+        return "|".join([str(task.path), hashlib.sha256((task.source + task.manifest_text).encode()).hexdigest(), mode,
+                         device, ",".join(self.settings.baselines)])
+
+    def _kept_inputs(self, task: Task, device: str, mode: str, wall: dict, turns: list[dict],
+                     ahead: bool = False) -> tuple[Path, dict]:
+        """(inputs dir, prepare's result) for this task, prepared by the first caller; the others wait for it.
+        A preparation made `ahead` of any evaluation is charged (wall seconds, device turns) to the first one."""
         s = self.settings
-        key = "|".join([str(task.path), hashlib.sha256((task.source + task.manifest_text).encode()).hexdigest(), mode,
-                        device, ",".join(s.baselines)])
+        key = self._key(task, device, mode)
         with self._once:
             kept = self._prepared.get(key)
             if kept and kept[0].is_dir():
-                wall["prepare"] = 0.0
+                if ahead:
+                    return kept  # what was charged (or is pending) stays so
+                ahead_wall, ahead_turns = self._prepared_ahead.pop(key, (0.0, []))
+                wall["prepare"] = ahead_wall
+                turns.extend(ahead_turns)
                 return kept
             inputs_dir = Path(tempfile.mkdtemp(prefix="inputs-", dir=s.jobs_dir))
             reference = Path(tempfile.mkdtemp(prefix="prepare-", dir=s.jobs_dir))
@@ -173,6 +184,8 @@ class Pipeline:
                 spec = self._common_spec(task, device, mode) | {"task_file": str(reference / "task.py"),
                                                                 "task_display": str(task.path)}
                 self._prepared[key] = (inputs_dir, self._prepare(task, spec, inputs_dir, reference, wall, turns))
+                if ahead:
+                    self._prepared_ahead[key] = (wall["prepare"], list(turns))
             except BaseException:
                 shutil.rmtree(inputs_dir, ignore_errors=True)
                 raise
