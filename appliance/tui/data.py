@@ -66,6 +66,33 @@ class LeaderRow:
 
 
 @dataclass
+class WorkerUse:
+    """What one evaluation GPU of one host did for a run (the host is where the evaluation ran: a Ray node, a
+    worker process's host, or the controller's own)."""
+
+    host: str
+    gpu: int
+    evaluations: int = 0
+    gpu_seconds: float = 0.0
+    energy_j: float = 0.0
+
+
+def worker_use(evaluations: list[Evaluation]) -> list[WorkerUse]:
+    uses: dict[tuple[str, int], WorkerUse] = {}
+    for e in evaluations:
+        d = e.details or {}
+        if d.get("gpu_index") is None:
+            continue
+        host = d.get("host") or (e.environment or {}).get("hostname") or "?"
+        use = uses.setdefault((host, d["gpu_index"]), WorkerUse(host, d["gpu_index"]))
+        turns = d.get("device_turns") or {}
+        use.evaluations += 1
+        use.gpu_seconds += turns.get("held_s") or 0.0
+        use.energy_j += turns.get("joules") or 0.0
+    return sorted(uses.values(), key=lambda u: (u.host, u.gpu))
+
+
+@dataclass
 class RunView:
     run: Run
     task: str
@@ -78,7 +105,7 @@ class RunView:
     in_flight: list[int]  # candidates being evaluated now
     tokens: int
     gpu: str  # the GPU (or CPU) of the latest evaluation, with driver
-    gpu_indices: list[int] = field(default_factory=list)  # evaluation GPUs used so far
+    workers_used: list[WorkerUse] = field(default_factory=list)  # per host and GPU, so far
 
     @property
     def budget(self) -> int | None:
@@ -114,7 +141,7 @@ def run_view(store: Store, run_id: int) -> RunView | None:
         evaluated=len(evaluations), queued=sum(1 for c, _ in rows if c.status == "queued"),
         in_flight=[c.id for c, _ in rows if c.status == "evaluating"],
         tokens=sum(c.tokens_in + c.tokens_out for c, _ in rows), gpu=gpu,
-        gpu_indices=sorted({e.details.get("gpu_index") for e in evaluations} - {None}))
+        workers_used=worker_use(evaluations))
 
 
 def _leader_row(c: Candidate, e: Evaluation | None, main: Timing | None, decision: Approval | None) -> LeaderRow:

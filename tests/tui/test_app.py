@@ -271,3 +271,19 @@ def test_appliance_tui_runs_in_a_terminal_and_quits_on_q(db):
         if tui.poll() is None:
             os.killpg(tui.pid, signal.SIGKILL)
         os.close(master)
+
+
+def test_the_run_view_sums_evaluations_gpu_seconds_and_energy_per_host_and_gpu():
+    from appliance.db.models import Evaluation
+    from appliance.tui.data import worker_use
+
+    def evaluation(host, gpu, held, joules):
+        return Evaluation(candidate_id=1, run_id=1, verdict="pass", stage="done", reason="", jailed=True,
+                          device="cuda" if gpu is not None else "cpu", mode="full", environment={"hostname": "ctl"},
+                          details={"gpu_index": gpu, "host": host, "device_turns": {"held_s": held, "joules": joules}})
+
+    uses = worker_use([evaluation("gpu-b/77", 1, 2.0, 500.0), evaluation("gpu-a/12", 0, 1.0, 300.0),
+                       evaluation("gpu-b/77", 1, 3.0, 700.0), evaluation(None, 0, 1.5, 100.0),
+                       evaluation(None, None, 0.0, 0.0)])  # the last one ran on a CPU: no GPU to charge
+    assert [(u.host, u.gpu, u.evaluations, u.gpu_seconds, u.energy_j) for u in uses] == [
+        ("ctl", 0, 1, 1.5, 100.0), ("gpu-a/12", 0, 1, 1.0, 300.0), ("gpu-b/77", 1, 2, 5.0, 1200.0)]

@@ -70,14 +70,15 @@ class RunScreen(PollingScreen):
         limits = ", ".join(f"{label} {config[key]:g}" for key, label in (
             ("max_gpu_seconds", "GPU s"), ("max_wall_s", "wall s"), ("max_tokens", "tokens")) if config.get(key))
         workers = f"{config.get('workers') or 'default'} in flight on {config.get('device', 'auto')}"
-        if view.gpu_indices:
-            workers += f", GPUs used {', '.join(map(str, view.gpu_indices))}"
+        used = [f"{u.host} GPU {u.gpu}: {u.evaluations} evaluated, {u.gpu_seconds:.0f} GPU-s, {energy(u.energy_j)}"
+                for u in view.workers_used]
         rate = f"{view.token_rate:.1f}/s" if view.token_rate else "-"
         lines = [
             f"{view.task}  run {run.id} ({run.kind})  status {run.status.upper()}",
             f"budget used   {budget}" + (f" ({limits})" if limits else ""),
             f"in flight     {', '.join(map(str, view.in_flight)) or '-'}   queued {view.queued}",
             f"workers       {workers}",
+            *(f"              {line}" for line in used),
             f"device        {view.gpu}",
             f"GPU-hours     {hours(view.gpu_hours)}   energy {energy((run.state or {}).get('energy_j'))}",
             f"LLM tokens    {view.tokens}   rate {rate}",
