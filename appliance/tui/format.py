@@ -22,7 +22,9 @@ def hours(value: float) -> str:
 def energy(joules: float | None) -> str:
     if joules is None:
         return "-"
-    return f"{joules / 3.6e6:.3f} kWh" if joules >= 3.6e5 else f"{joules:.3g} J"
+    if joules >= 3.6e5:
+        return f"{joules / 3.6e6:.3f} kWh"
+    return f"{joules / 1e3:.1f} kJ" if joules >= 1e3 else f"{joules:.0f} J"
 
 
 def verdict_style(verdict: str) -> str:

@@ -79,7 +79,8 @@ T0 = datetime(2026, 11, 29, 9, 0, tzinfo=UTC)
 def _details(kind: str, roofline: float | None) -> dict:
     cases = [{"shape": s, "seed": seed, "kind": "pass", "reason": ""} for s in ("main", "edge")
              for seed in (0, 1, 2, "timed")]
-    return {"backends": ["triton"], "gpu_index": 1, "wall_s": {"prepare": 0.0, "candidate": 4.1, "check": 1.2},
+    return {"backends": ["triton"], "gpu_index": 1, "device_turns": {"held_s": 1.4, "joules": 960.0},
+            "wall_s": {"prepare": 0.0, "candidate": 4.1, "check": 1.2},
             "shapes": [{"name": "main", "input_shapes": [[4096, 65536]], "outputs": [{"dtype": "float32",
                                                                                       "shape": [4096, 65536]}]},
                        {"name": "edge", "input_shapes": [[3, 4097]], "outputs": [{"dtype": "float32",
