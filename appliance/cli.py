@@ -334,6 +334,8 @@ def _controller_loop(store, stop, poll: float, supervisor, metrics, unsafe_no_ja
     while not stop.is_set():
         queued = store.runs_with_status("queued")
         if not queued:
+            for run_id in requeue_orphaned_runs(store):  # e.g. another host's controller died
+                err.print(f"run {run_id}: its controller is gone; queued again", highlight=False)
             stop.wait(poll)
             continue
         run = queued[0]
@@ -360,17 +362,26 @@ def _controller_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def requeue_orphaned_runs(store) -> list[int]:
-    """Runs left `running` by a controller of this host that is gone go back to the queue. Runs another host's
-    controller is running are left alone (several controllers may share one database)."""
+def requeue_orphaned_runs(store, stale_s: float | None = None) -> list[int]:
+    """Runs left `running` by a controller that is gone go back to the queue: on this host, a controller whose
+    process is gone; on another host (several controllers may share one database), one whose run has not beaten its
+    heartbeat (loop.py, about every second) for `stale_s` (APPLIANCE_CONTROLLER_STALE_S, default 600: an LLM request
+    may hold the loop for minutes; hosts' clocks are assumed NTP-synchronised)."""
     import socket
+    import time
 
+    if stale_s is None:
+        stale_s = float(os.environ.get("APPLIANCE_CONTROLLER_STALE_S", "600"))
     requeued = []
     for run in store.runs_with_status("running"):
         if not run.config.get("controller"):
             continue  # an `appliance optimize` in a terminal: --resume is the user's call
-        host, _, pid = str((run.state or {}).get("controller", "")).rpartition(":")
+        state = run.state or {}
+        host, _, pid = str(state.get("controller", "")).rpartition(":")
         if host and host != socket.gethostname():
+            if time.time() - float(state.get("heartbeat") or time.time()) > stale_s:
+                store.update_run(run.id, status="queued")
+                requeued.append(run.id)
             continue
         try:
             os.kill(int(pid), 0)

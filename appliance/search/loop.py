@@ -156,6 +156,7 @@ class Optimizer:
                             recorded += 1
                     self.state["elapsed_s"] += time.monotonic() - started
                     started = time.monotonic()
+                    self.state["heartbeat"] = time.time()  # a controller on another host tells a live run by it
                     self.store.update_run(self.run_id, state=self.state)
             finally:
                 # What was started finishes and is recorded (a pause or a shutdown loses no evaluation in flight).

@@ -146,3 +146,23 @@ def test_a_new_controller_requeues_only_runs_whose_controller_is_gone(tmp_path):
     assert requeue_orphaned_runs(store) == [runs["dead"]]
     assert {n: store.get_run(r).status for n, r in runs.items()} == {
         "dead": "queued", "alive": "running", "elsewhere": "running", "terminal": "running"}
+
+
+def test_a_run_whose_controller_on_another_host_stopped_beating_goes_back_to_the_queue(tmp_path):
+    import time
+
+    from appliance.cli import requeue_orphaned_runs
+
+    store, _, cfg, _ = make_run(tmp_path, max_candidates=1)
+    runs = {name: make_run(tmp_path, max_candidates=1)[1] for name in ("beating", "silent")}
+    for name, run_id in runs.items():
+        store.update_run(run_id, status="running", config=store.get_run(run_id).config | {"controller": True},
+                         state={"controller": "another-host:12345",
+                                "heartbeat": time.time() - (5 if name == "beating" else 3600)})
+    assert requeue_orphaned_runs(store, stale_s=600) == [runs["silent"]]
+    assert store.get_run(runs["beating"]).status == "running"
+
+    # The loop beats the heartbeat as it runs.
+    summary = optimizer(store, runs["silent"], cfg, tmp_path, Pipeline(Jail(), settings(tmp_path))).run()
+    assert summary.evaluated == 1
+    assert time.time() - store.get_run(runs["silent"]).state["heartbeat"] < 60
