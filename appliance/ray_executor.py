@@ -22,6 +22,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,9 +74,6 @@ def ray_pipelines(address: str, settings: EvalSettings, slots: int, unsafe: bool
         count = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1)
         if count == 0:
             raise InfrastructureError(f"the Ray cluster at {address!r} has no node with a free CPU")
-    # Profiles: the loop decides per candidate (profile_if reads the database, which workers do not reach); that
-    # decision cannot run on the worker, so Ray workers do not profile yet.
-    settings = dataclasses.replace(settings, profile=False)
     actor = ray.remote(EvaluationWorker).options(
         num_gpus=1 if settings.device == "cuda" else 0,
         num_cpus=0 if settings.device == "cuda" else 1,  # GPUs are what a GPU worker waits for
@@ -103,7 +101,9 @@ class RayPipeline:
     def __init__(self, actor, index: int, settings: EvalSettings, slots: int, unsafe: bool):
         self.actor, self.index, self.settings, self.slots = actor, index, settings, max(1, slots)
         self.jail = RemoteJail(gpu=index if settings.device == "cuda" else None, unsafe_no_jail=unsafe)
-        self.profile_if = None  # set by the loop; unused (see ray_pipelines)
+        # Set by the loop. The worker cannot ask it mid-evaluation: it gets the predicate's threshold (speedup vs
+        # eager a passing candidate must beat to be profiled) with each evaluation, when it has one.
+        self.profile_if = None
         self.placement_timeout_s = float(os.environ.get("APPLIANCE_RAY_PLACEMENT_TIMEOUT", "300"))
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
@@ -116,8 +116,9 @@ class RayPipeline:
         files = task_files(task)
         try:
             self._wait_until_placed()
+            threshold = getattr(self.profile_if, "threshold", None)
             result = ray.get(self.actor.evaluate.remote(files, candidate_path.read_text(errors="replace"),
-                                                        str(candidate_path)))
+                                                        str(candidate_path), threshold() if threshold else None))
         except RayTaskError:
             raise  # a bug of ours on the worker: as loud as it would be in a local pipeline
         except GetTimeoutError:
@@ -183,6 +184,8 @@ class EvaluationWorker:
         home = Settings.load().home
         local = dataclasses.replace(settings, jobs_dir=Settings.load().jobs_dir, state_dir=home)
         self.pipeline = Pipeline(Jail(unsafe_no_jail=unsafe, gpu=gpu), local, slots)
+        self.pipeline.profile_if = self._profile_if
+        self.local = threading.local()  # the profile threshold of the evaluation this thread runs
         self.host = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
         self.dir = Path(tempfile.mkdtemp(prefix="ray-worker-", dir=local.jobs_dir))
         self.tasks = RebuiltTasks(self.dir / "task")
@@ -190,7 +193,9 @@ class EvaluationWorker:
     def ready(self) -> str:
         return self.host
 
-    def evaluate(self, files: dict, source: str, display_path: str) -> Outcome | dict:
+    def evaluate(self, files: dict, source: str, display_path: str, profile_above: float | None = None
+                 ) -> Outcome | dict:
+        self.local.profile_above = profile_above
         job = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir))
         try:
             task = self.tasks.get(files)
@@ -207,6 +212,11 @@ class EvaluationWorker:
         outcome.reason = outcome.reason.replace(str(path), display_path)  # name the controller's file
         outcome.details["host"] = self.host
         return outcome
+
+    def _profile_if(self, speedup: float | None) -> bool:
+        """Pipeline.profile_if in the actor: the controller's threshold, sent with the evaluation."""
+        above = getattr(self.local, "profile_above", None)
+        return above is None or (speedup is not None and speedup > above)
 
     def prepare(self, files: dict) -> None:
         try:

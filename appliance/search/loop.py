@@ -77,7 +77,7 @@ class Optimizer:
         self.metrics, self.should_stop = metrics, should_stop
         self.failure_streak = 0  # infrastructure failures in a row
         for p in pipelines:
-            p.profile_if = self._beats_best
+            p.profile_if = ProfileNewBests(self)
         if metrics:
             for p in pipelines:
                 metrics.worker_up(p.jail.gpu)
@@ -250,13 +250,6 @@ class Optimizer:
                        jailed=True, device=device, mode=self.config.mode or ("full" if device == "cuda" else "small"),
                        details={"infrastructure_error": str(error)})
 
-    def _beats_best(self, speedup: float | None) -> bool:
-        """Profile a candidate that beats the run's best by PROFILE_MIN_GAIN: a profile holds the device ~10 s on
-        the H200, and a tuner run's many small steps would otherwise spend more device time profiling than
-        evaluating."""
-        best = summarize(self.store, self.run_id, self.state).best
-        return bool(speedup) and (best is None or speedup > PROFILE_MIN_GAIN * (best.get("speedup_vs_eager") or 0))
-
     def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError) -> None:
         if isinstance(outcome, InfrastructureError):
             outcome = self._infrastructure_failure(candidate, outcome)
@@ -392,6 +385,24 @@ def summarize(store: Store, run_id: int, state: dict | None = None) -> Summary:
 
 def config_dict(config: OptimizeConfig) -> dict:
     return asdict(config)
+
+
+class ProfileNewBests:
+    """Which passing candidates get an Nsight Compute profile (Pipeline.profile_if): those that beat the run's best
+    speedup by PROFILE_MIN_GAIN. A profile holds the device ~10 s on the H200, and a tuner run's many small steps
+    would otherwise spend more device time profiling than evaluating. Remote workers (Ray) cannot read the database:
+    they get `threshold()` with each evaluation instead."""
+
+    def __init__(self, optimizer: Optimizer):
+        self.optimizer = optimizer
+
+    def threshold(self) -> float:
+        o = self.optimizer
+        best = summarize(o.store, o.run_id, o.state).best
+        return PROFILE_MIN_GAIN * ((best or {}).get("speedup_vs_eager") or 0.0)
+
+    def __call__(self, speedup: float | None) -> bool:
+        return bool(speedup) and speedup > self.threshold()
 
 
 def _free_slots(slots: list[Pipeline], busy: list[Pipeline]) -> list[Pipeline]:

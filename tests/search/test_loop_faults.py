@@ -166,3 +166,18 @@ def test_a_run_whose_controller_on_another_host_stopped_beating_goes_back_to_the
     summary = optimizer(store, runs["silent"], cfg, tmp_path, Pipeline(Jail(), settings(tmp_path))).run()
     assert summary.evaluated == 1
     assert time.time() - store.get_run(runs["silent"]).state["heartbeat"] < 60
+
+
+def test_a_new_best_is_profiled_only_past_the_gain_threshold_which_remote_workers_receive(tmp_path):
+    from appliance.search.loop import PROFILE_MIN_GAIN, ProfileNewBests
+
+    store, run_id, cfg, _ = make_run(tmp_path, max_candidates=1)
+    pipeline = Pipeline(Jail(), settings(tmp_path))
+    opt = optimizer(store, run_id, cfg, tmp_path, pipeline)
+    policy = pipeline.profile_if
+    assert isinstance(policy, ProfileNewBests)
+    assert policy.threshold() == 0.0 and policy(1.01) and not policy(None)  # nothing evaluated yet: any speedup
+    opt.run()
+    best = opt.summary().best["speedup_vs_eager"]
+    assert policy.threshold() == pytest.approx(PROFILE_MIN_GAIN * best)
+    assert policy(best * (PROFILE_MIN_GAIN + 0.01)) and not policy(best * 1.01)
