@@ -21,7 +21,7 @@ from appliance.errors import ApplianceError
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
 from appliance.model_cli import model_app
 from appliance.search.loop import OptimizeConfig, Summary
-from appliance.tasks import load_task
+from appliance.tasks import load_task, reference_seed
 
 app = typer.Typer(help="Kernel Optimizer Appliance: verified GPU kernel speedups, on your own hardware.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -247,20 +247,27 @@ def optimize(
                 raise ApplianceError("give a TASK file, or --resume RUN")
             t = load_task(task)
             seed_file = start_from or (s.suite_dir.parent / "baselines" / task.name)  # the bundled baseline
-            if not seed_file.is_file():
-                raise ApplianceError(f"no seed candidate: give --from FILE (a ModelNew that passes the gate; "
-                                     f"{seed_file} does not exist)")
             chosen = proposer or ("llm" if s.llm_url else "tune")
             if chosen not in ("tune", "llm"):
                 raise ApplianceError(f"--proposer takes tune or llm, not {chosen!r}")
+            if seed_file.is_file():
+                seed_source, seed_path, seed_note = (seed_file.read_text(errors="replace"), str(seed_file.resolve()),
+                                                     "seed candidate")
+            elif chosen == "llm" and start_from is None:
+                # No kernel to start from: the LLM starts from the reference itself (which fails the gate as a
+                # library fallback; its first proposals are built on it and on that verdict).
+                seed_source, seed_path, seed_note = reference_seed(t), None, "the task's reference, as ModelNew"
+            else:
+                raise ApplianceError(f"no seed candidate: give --from FILE (a ModelNew that passes the gate; "
+                                     f"{seed_file} does not exist), or --proposer llm to start from the reference")
             config = OptimizeConfig(proposer=chosen, max_candidates=max_candidates or 20,
                                     max_gpu_seconds=max_gpu_seconds, max_wall_s=max_wall, max_tokens=max_tokens,
                                     batch=batch, islands=islands, seed=seed, device=device, mode=mode,
                                     timing_budget_s=timing_budget, workers=workers or 0)
             row = store.get_or_add_task(t.name, str(t.path), t.source, t.manifest_text)
             run = store.add_run(row.id, "optimize", config_dict(config))
-            store.add_candidate(run.id, row.id, seed_file.read_text(errors="replace"), path=str(seed_file.resolve()),
-                                proposer="seed", status="queued", island=0, generation=0, note="seed candidate")
+            store.add_candidate(run.id, row.id, seed_source, path=seed_path, proposer="seed", status="queued",
+                                island=0, generation=0, note=seed_note)
             if queue:
                 store.update_run(run.id, status="queued", config=config_dict(config) | {"controller": True})
                 print(json.dumps({"run_id": run.id, "status": "queued"}) if as_json else

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import re
 import threading
+import tokenize
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +136,19 @@ class Task:
 def task_files(task: Task) -> dict:
     """A task as text, to send to a worker process or Ray actor that rebuilds it on its side."""
     return {"name": task.name, "source": task.source, "manifest": task.manifest_text, "path": str(task.path)}
+
+
+def reference_seed(task: Task) -> str:
+    """The task's own module with `Model` renamed `ModelNew`: where an LLM run starts when there is no kernel yet."""
+    lines = task.source.splitlines(keepends=True)
+    names = [t.start for t in tokenize.generate_tokens(io.StringIO(task.source).readline)
+             if t.type == tokenize.NAME and t.string == "Model"]
+    for row, col in reversed(names):  # right to left: earlier columns stay valid
+        line = lines[row - 1]
+        lines[row - 1] = line[:col] + "ModelNew" + line[col + len("Model"):]
+    header = (f"# Starting point: the reference of task {task.name!r} as ModelNew. It calls library ops, so the gate\n"
+              "# rejects it as a library fallback: replace them with kernels of your own.\n")
+    return header + "".join(lines)
 
 
 class RebuiltTasks:

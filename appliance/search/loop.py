@@ -284,7 +284,7 @@ class Optimizer:
         slots = []  # (island, parent, prompt context): chosen in order, so a seed gives the same choices
         for slot in range(self.config.batch):
             island = (generation * self.config.batch + slot) % self.config.islands
-            parent = db.select_parent(island, self.config.exploit)
+            parent = db.select_parent(island, self.config.exploit) or self._starting_point(db)
             if parent is None:
                 self.log("no passing candidate to build on: the seed candidate failed the gate")
                 return False
@@ -303,6 +303,14 @@ class Optimizer:
         if (generation + 1) % self.config.migrate_every == 0:
             self.state["migrants"] = self._database().migrate(self.state["migrants"])
         return queued_any
+
+    def _starting_point(self, db: SearchDatabase) -> Entry | None:
+        """Before anything passes, an LLM builds on the seed as it is, with its verdict as feedback (e.g. the task's
+        reference, rejected as a library fallback, when the run has no kernel to start from). A tuner cannot."""
+        if getattr(self.proposer, "name", "") != "llm":
+            return None
+        seeds = [e for e in db.entries if e.candidate.proposer == "seed" and e.evaluation is not None]
+        return seeds[0] if seeds else None
 
     def _ask(self, ctx: PromptContext, n: int, seen: set[str]) -> list[Proposal]:
         try:

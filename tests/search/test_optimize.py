@@ -147,3 +147,27 @@ def test_evaluations_in_flight_overlap_but_take_turns_on_the_device(appliance, h
     assert turns[0]["held_s"] > 0 and all(t["held_s"] > 0 for t in turns)
     # Two in flight: one of them waited for the other's turn at least once.
     assert any(t["wait_s"] > 0.01 for t in turns[1:]), turns
+
+
+def test_an_llm_run_without_a_seed_starts_from_the_reference(appliance, home, monkeypatch, fake_llm):
+    # No kernel for this task anywhere: the run's seed is the reference as ModelNew (a library fallback); the model,
+    # shown that verdict, answers with a kernel of its own, which passes.
+    task = REPO / "tests/fixtures/tasks/rowsoftmax.py"
+    kernel = (REPO / "benchmarks/baselines/softmax.py").read_text()
+    server = fake_llm(completion(f"Own Triton kernel:\n```python\n{kernel}```\n", prompt_tokens=50,
+                                 completion_tokens=500))
+    monkeypatch.setenv("APPLIANCE_LLM_URL", server.url)
+    monkeypatch.setenv("APPLIANCE_LLM_MODEL", "m")
+    code, summary = optimize(appliance, str(task), "--proposer", "llm", "--max-candidates", "2")
+    assert code == 0, summary
+    (seed_verdict, seed_source), (llm_verdict, _) = rows(
+        home, "SELECT e.verdict, c.source FROM candidate c JOIN evaluation e ON e.candidate_id = c.id ORDER BY c.id")
+    assert seed_verdict == "library_fallback" and "class ModelNew(nn.Module)" in seed_source
+    assert llm_verdict == "pass" and summary["best"] is not None
+    prompt = server.requests[0]["messages"][-1]["content"]
+    assert "class ModelNew(nn.Module)" in prompt and "library_fallback" in prompt
+
+
+def test_a_tuner_run_without_a_seed_says_what_to_give(appliance, home):
+    result = appliance("optimize", str(REPO / "tests/fixtures/tasks/rowsoftmax.py"), "--proposer", "tune", *FAST)
+    assert result.exit_code != 0 and "--from FILE" in result.output and "--proposer llm" in result.output
