@@ -124,6 +124,7 @@ class WorkerServer:
         self.local = threading.local()  # the connection whose evaluation runs in this thread (profile questions)
         self.idle = threading.Condition()
         self.in_flight = 0
+        self.stopping = False  # set (under self.idle) once the worker stops taking work
         self.dir: Path | None = None
 
     # The accept loop runs in the main thread, where SIGTERM interrupts it; each connection gets a thread.
@@ -164,6 +165,7 @@ class WorkerServer:
             except OSError:
                 pass
             with self.idle:
+                self.stopping = True
                 if self.in_flight:
                     self.log(f"stopping: finishing {self.in_flight} evaluation(s) in flight")
                 self.idle.wait_for(lambda: self.in_flight == 0)
@@ -213,10 +215,12 @@ class WorkerServer:
     def _evaluate(self, conn: Connection, request: dict) -> dict:
         with self.free:
             with self.idle:
+                if self.stopping:  # waited for a slot while the worker was told to stop: nothing may start now
+                    return {"infrastructure_error": "the worker is stopping"}
                 self.in_flight += 1
-            job = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir))
-            key = None
+            job, key = None, None
             try:
+                job = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir))
                 key, pipeline = self._acquire(request["settings"])
                 self.local.conn, self.local.ask = conn, request.get("ask_profile", False)
                 task = self.tasks.get(request["task"])
@@ -233,7 +237,8 @@ class WorkerServer:
                 return {"bug": traceback.format_exc()}
             finally:
                 self.local.conn = None
-                shutil.rmtree(job, ignore_errors=True)
+                if job is not None:
+                    shutil.rmtree(job, ignore_errors=True)
                 if key is not None:
                     with self.lock:
                         self.users[key] -= 1
@@ -247,6 +252,10 @@ class WorkerServer:
     def _prepare(self, request: dict) -> dict:
         """The task's inputs and baselines made now, before the run's first candidate here. A failure is only
         logged: the evaluations that follow meet it again and report it."""
+        with self.idle:
+            if self.stopping:
+                return {"ok": False, "error": "the worker is stopping"}
+            self.in_flight += 1
         key = None
         try:
             key, pipeline = self._acquire(request["settings"])
@@ -258,6 +267,9 @@ class WorkerServer:
             if key is not None:
                 with self.lock:
                     self.users[key] -= 1
+            with self.idle:
+                self.in_flight -= 1
+                self.idle.notify_all()
 
     def _acquire(self, fields: dict) -> tuple[str, Pipeline]:
         key = json.dumps(fields, sort_keys=True, default=str)
@@ -265,7 +277,8 @@ class WorkerServer:
             pipeline = self.pipelines.get(key)
             if pipeline is None:
                 try:
-                    settings = EvalSettings(**fields, jobs_dir=self.jobs_dir, state_dir=self.home)
+                    # Jobs and kept inputs under this worker's own directory: removed when it stops.
+                    settings = EvalSettings(**fields, jobs_dir=self.dir, state_dir=self.home)
                 except TypeError as e:
                     raise InfrastructureError(f"the worker on {self.path} runs another version of the appliance "
                                               f"({e}): restart it") from None
@@ -440,6 +453,9 @@ class WorkerSupervisor:
 
     def _worker(self, gpu: int | None, slots: int, unsafe: bool) -> _Worker:
         w = self.workers.get(gpu)
+        if w is not None and w.proc is None and call(w.path, self.key, {"op": "ping"}) is None:
+            self.log(f"{w.describe()} no longer answers (its unit stopped?): starting a worker of our own")
+            w = None
         if w is not None and w.proc is not None and (w.slots < slots or w.unsafe != unsafe):
             self.log(f"restarting {w.describe()} for this run's settings ({slots} slots, "
                      f"{'unjailed' if unsafe else 'jailed'})")
@@ -469,8 +485,8 @@ class WorkerSupervisor:
     def ensure(self, w: _Worker) -> None:
         """Start a child that died again (after a back-off when it keeps dying at once)."""
         with self.lock:
-            if w.proc is None or self.closing.is_set() or w.proc.poll() is None:
-                return
+            if w.proc is None or self.closing.is_set() or w.proc.poll() is None or self.workers.get(w.gpu) is not w:
+                return  # (the last: replaced for another run's settings; the monitor may still hold the old one)
             now = time.monotonic()
             if w.restart_at is None:
                 w.delay = min(max(1.0, 2 * w.delay), 30.0) if now - w.started < 30 else 0.0
@@ -566,7 +582,11 @@ class WorkerPipeline:
         conn = self._connect()
         try:
             conn.send(request)
+            # Bounded: a worker wedged but alive (stopped, stuck in the driver) must not hold the run forever.
+            limit = self.settings.candidate_timeout_s + 3 * self.settings.reference_timeout_s + 600
             while True:
+                if not conn.poll(limit):
+                    raise InfrastructureError(f"{self.worker.describe()} gave no answer within {limit:.0f} s")
                 reply = conn.recv()
                 if "ask" not in reply:
                     break
@@ -599,13 +619,13 @@ class WorkerPipeline:
         """A connection to the worker; a worker being (re)started is waited for."""
         deadline = time.monotonic() + self.supervisor.timeout_s
         while True:
-            self.supervisor.ensure(self.worker)
             try:
+                self.supervisor.ensure(self.worker)
                 return Client(str(self.worker.path), "AF_UNIX", authkey=self.supervisor.key)
             except AuthenticationError:
                 raise InfrastructureError(f"{self.worker.describe()} refused our authkey: it belongs to another "
                                           "APPLIANCE_HOME") from None
-            except (FileNotFoundError, ConnectionRefusedError, EOFError):
+            except (OSError, EOFError):  # not there yet, refused, or reset by a worker that is stopping
                 if time.monotonic() > deadline:
                     self.supervisor.wait_ready(self.worker, deadline)  # raises, saying why
                 time.sleep(0.1)
