@@ -239,12 +239,7 @@ class WorkerServer:
                 self.local.conn = None
                 if job is not None:
                     shutil.rmtree(job, ignore_errors=True)
-                if key is not None:
-                    with self.lock:
-                        self.users[key] -= 1
-                with self.idle:
-                    self.in_flight -= 1
-                    self.idle.notify_all()
+                self._finished(key)
         outcome.reason = outcome.reason.replace(str(path), request["path"])  # name the client's file
         outcome.details |= {"host": self.host, "worker_pid": os.getpid()}
         return {"outcome": outcome}
@@ -264,12 +259,16 @@ class WorkerServer:
         except (TaskError, InfrastructureError) as e:
             return {"ok": False, "error": str(e)}
         finally:
-            if key is not None:
-                with self.lock:
-                    self.users[key] -= 1
-            with self.idle:
-                self.in_flight -= 1
-                self.idle.notify_all()
+            self._finished(key)
+
+    def _finished(self, key: str | None) -> None:
+        """A request is over: its pipeline's users and the worker's requests in flight count it no more."""
+        if key is not None:
+            with self.lock:
+                self.users[key] -= 1
+        with self.idle:
+            self.in_flight -= 1
+            self.idle.notify_all()
 
     def _acquire(self, fields: dict) -> tuple[str, Pipeline]:
         key = json.dumps(fields, sort_keys=True, default=str)
