@@ -96,6 +96,25 @@ def test_a_worker_killed_mid_evaluation_fails_that_evaluation_and_its_restart_se
     assert outcome.details["worker_pid"] == supervisor.workers[None].proc.pid != first
 
 
+def test_a_unit_worker_that_goes_away_is_replaced_by_a_child_of_the_supervisor(supervisor, home, softmax_task):
+    # A worker the supervisor did not start (as systemd's appliance-worker@N would be) serves the first run ...
+    path = socket_path(home, None)
+    unit = subprocess.Popen([sys.executable, "-m", "appliance", "worker", "--gpu", "cpu", "--slots", "1"], cwd=REPO,
+                            env=os.environ | {"APPLIANCE_HOME": str(home)}, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: path.exists() and call(path, supervisor.key, {"op": "ping"}), 60, "the unit's worker")
+        [pipeline] = supervisor.pipelines([None], SETTINGS, slots=1, unsafe=False)
+        assert supervisor.workers[None].proc is None  # not ours to restart
+        assert pipeline.evaluate(load_task(softmax_task), candidate("good")).details["worker_pid"] == unit.pid
+    finally:
+        unit.terminate()
+        unit.wait(30)
+    # ... and once it is gone (its unit stopped), the next run gets a worker of the supervisor's own.
+    [pipeline] = supervisor.pipelines([None], SETTINGS, slots=1, unsafe=False)
+    outcome = pipeline.evaluate(load_task(softmax_task), candidate("good"))
+    assert outcome.verdict == "pass" and outcome.details["worker_pid"] == supervisor.workers[None].proc.pid != unit.pid
+
+
 def test_the_controller_evaluates_in_worker_processes_it_restarts_and_stops(appliance, home):
     queued = appliance("optimize", REPO / "benchmarks/tasks/softmax.py", "--queue", "--max-candidates", "1",
                        "--device", "cpu", "--timing-budget", "0.05", "--json")
