@@ -3,6 +3,7 @@
     1. reference `prepare` (task code): writes the inputs for every shape and seed, times eager and torch.compile;
     2. candidate (untrusted): sees only its own file and those inputs; saves its outputs, times itself;
     3. reference `check` (task code again): recomputes the reference in float64 and compares the saved outputs.
+       It starts with the candidate (its imports overlap the candidate's run) and reads nothing until told to go.
 
 The candidate and the reference never share a process, and neither runs in the controller's process. Every way
 a candidate can fail becomes an `Outcome` with a verdict, the stage it reached and a specific reason; only a
@@ -226,43 +227,50 @@ class Pipeline:
         environment = prepared["environment"]
         details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall, "gpu_index": self.jail.gpu}
 
-        # 2. The candidate, which sees its own file and the inputs, nothing else.
-        cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py")}
-        spec_path = dirs["candidate"] / "spec.json"
-        spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
-        run = self.jail.run([_python(), "-m", "sandbox.harness.candidate", str(spec_path)],
-                            workdir=dirs["candidate"], ro=[dirs["inputs"]], rw=[dirs["outputs"]],
-                            timeout_s=s.candidate_timeout_s, gate=self.gate)
-        turns.append(run.turns or {})
-        details["device_turns"] = _sum_turns(turns)
-        cand = _read_result(dirs["candidate"] / "result.json")
-        details["candidate_stderr"] = run.stderr[-4000:]
-        details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
-        wall["candidate"] = round(run.wall_s, 2)
-        failure = _candidate_failure(run, cand, s.candidate_timeout_s)
-        if failure:
-            verdict, stage, reason = failure
-            details.update({k: cand[k] for k in ("traceback", "line", "type") if k in (cand or {})})
-            reason = reason.replace("candidate.py line", f"{candidate_path} line")
-            return Outcome(**base | dict(verdict=verdict, stage=stage, reason=reason),
-                           environment=environment, details=details)
+        # The trusted check starts now, beside the candidate: its start-up (Python, torch, the task) overlaps the
+        # candidate's run, and it reads nothing until told to go (step 3); any other way out of here stops it.
+        check = _EarlyCheck(lambda: self._harness(
+            ["check"], task_spec | {"prepared_shapes": prepared["shapes"], "tolerances": task.tolerances(),
+                                    "go_file": str(dirs["check"] / "go"), "stop_file": str(dirs["check"] / "stop")},
+            workdir=dirs["check"], ro=[dirs["reference"], dirs["inputs"], dirs["outputs"]],
+            timeout=s.candidate_timeout_s + s.reference_timeout_s, task=task, wall=wall, turns=turns), dirs["check"])
+        try:
+            # 2. The candidate, which sees its own file and the inputs, nothing else.
+            cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py")}
+            spec_path = dirs["candidate"] / "spec.json"
+            spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
+            run = self.jail.run([_python(), "-m", "sandbox.harness.candidate", str(spec_path)],
+                                workdir=dirs["candidate"], ro=[dirs["inputs"]], rw=[dirs["outputs"]],
+                                timeout_s=s.candidate_timeout_s, gate=self.gate)
+            turns.append(run.turns or {})
+            details["device_turns"] = _sum_turns(turns)
+            cand = _read_result(dirs["candidate"] / "result.json")
+            details["candidate_stderr"] = run.stderr[-4000:]
+            details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
+            wall["candidate"] = round(run.wall_s, 2)
+            failure = _candidate_failure(run, cand, s.candidate_timeout_s)
+            if failure:
+                verdict, stage, reason = failure
+                details.update({k: cand[k] for k in ("traceback", "line", "type") if k in (cand or {})})
+                reason = reason.replace("candidate.py line", f"{candidate_path} line")
+                return Outcome(**base | dict(verdict=verdict, stage=stage, reason=reason),
+                               environment=environment, details=details)
 
-        details["provenance"] = cand.get("provenance", {})
-        details["stage_s"] = {"candidate": cand.get("stage_s")}
-        fallback = _library_fallback(cand.get("provenance"), prepared["shapes"][0].get("ops", []))
-        if fallback:
-            return Outcome(**base | dict(verdict="library_fallback", stage="correctness", reason=fallback),
-                           environment=environment, details=details)
-        tampered = _outputs_tampered(dirs["outputs"], prepared["shapes"])
-        if tampered:
-            return Outcome(**base | dict(verdict="tampering", stage="correctness", reason=tampered),
-                           environment=environment, details=details)
+            details["provenance"] = cand.get("provenance", {})
+            details["stage_s"] = {"candidate": cand.get("stage_s")}
+            fallback = _library_fallback(cand.get("provenance"), prepared["shapes"][0].get("ops", []))
+            if fallback:
+                return Outcome(**base | dict(verdict="library_fallback", stage="correctness", reason=fallback),
+                               environment=environment, details=details)
+            tampered = _outputs_tampered(dirs["outputs"], prepared["shapes"])
+            if tampered:
+                return Outcome(**base | dict(verdict="tampering", stage="correctness", reason=tampered),
+                               environment=environment, details=details)
 
-        # 3. The trusted comparison against a float64 reference.
-        checked = self._harness(["check"],
-                                task_spec | {"prepared_shapes": prepared["shapes"], "tolerances": task.tolerances()},
-                                workdir=dirs["check"], ro=[dirs["reference"], dirs["inputs"], dirs["outputs"]],
-                                timeout=s.reference_timeout_s, task=task, wall=wall, turns=turns)
+            # 3. The trusted comparison against a float64 reference, by the check process started above.
+            checked = check.go()
+        finally:
+            check.cancel()  # nothing to do once it was told to go
         details["cases"] = checked["cases"]
         details["stage_s"]["check"] = checked.get("stage_s")
         details["device_turns"] = _sum_turns(turns)
@@ -360,6 +368,36 @@ class Pipeline:
         if result["status"] == "task_error":
             raise TaskError(str(task.path), result["reason"], result.get("line"))
         return result
+
+
+class _EarlyCheck:
+    """The check process of one evaluation, started before the candidate's outputs exist (sandbox.harness.reference
+    `check` waits for `go_file` or `stop_file` in its workdir before it reads anything)."""
+
+    def __init__(self, start: Callable[[], dict], folder: Path):
+        self.go_file, self.stop_file = folder / "go", folder / "stop"
+        self.result: dict | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(start,), daemon=True, name="check")
+        self.thread.start()
+
+    def _run(self, start: Callable[[], dict]) -> None:
+        try:
+            self.result = start()
+        except BaseException as e:  # noqa: BLE001 - raised in the evaluating thread, by go()
+            self.error = e
+
+    def go(self) -> dict:
+        self.go_file.touch()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def cancel(self) -> None:
+        if not self.go_file.exists():
+            self.stop_file.touch()
+            self.thread.join()  # its errors are moot: the evaluation ended before the check was needed
 
 
 def _sum_turns(turns: list[dict]) -> dict:

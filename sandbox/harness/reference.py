@@ -177,9 +177,15 @@ def _time_baselines(spec: dict, names: list[str], model, input_sets: list, devic
 
 def check(spec: dict) -> dict:
     """Recompute the reference in float64 from the saved inputs and compare the candidate's saved outputs.
-    Every file is read first; only the computing waits for a turn on the device (sandbox/gate.py)."""
-    t0 = time.perf_counter()
+    Started beside the candidate (with `go_file`): it loads the task, then waits until the controller says go (the
+    outputs are vetted) or stop. Every file is read first; only the computing waits for a turn on the device
+    (sandbox/gate.py)."""
+    t_start = time.perf_counter()
     task = _load_task(spec)
+    t_ready = time.perf_counter()
+    if spec.get("go_file") and not _told_to_go(Path(spec["go_file"]), Path(spec["stop_file"])):
+        return {"status": "cancelled"}
+    t0 = time.perf_counter()
     files = _Files(spec["device"])
     for shape in spec["shapes"]:
         for seed in spec["seeds"]:
@@ -193,8 +199,18 @@ def check(spec: dict) -> dict:
     with device_turn():
         t2 = time.perf_counter()
         result = _check(spec, files, task)
-    return result | {"stage_s": {"read": round(read_s, 3), "upload": round(t1 - t0 - read_s, 3),
+    return result | {"stage_s": {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3),
+                                 "read": round(read_s, 3), "upload": round(t1 - t0 - read_s, 3),
                                  "wait_for_device": round(t2 - t1, 3), "compare": round(time.perf_counter() - t2, 3)}}
+
+
+def _told_to_go(go: Path, stop: Path) -> bool:
+    while True:
+        if go.exists():
+            return True
+        if stop.exists():
+            return False
+        time.sleep(0.01)
 
 
 class _Files:

@@ -47,3 +47,26 @@ def test_every_bundled_baseline_passes_on_cpu(appliance):
         if code != 0:
             failures[task.stem] = (result.get("verdict"), result.get("reason") or result.get("error"))
     assert not failures, failures
+
+
+def test_the_check_starts_beside_the_candidate_and_is_stopped_when_the_candidate_fails(softmax_task, tmp_path):
+    """The check process loads the task while the candidate runs, then waits to be told to go: with a passing
+    candidate it went on (and waited for it); with a failing one it was stopped, reading nothing."""
+    from appliance.evaluation.pipeline import EvalSettings, Pipeline
+    from appliance.tasks import load_task
+    from sandbox.jail import Jail
+
+    pipeline = Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05,
+                                             jobs_dir=tmp_path, reuse_inputs=True))
+    task = load_task(softmax_task)
+    good = pipeline.evaluate(task, candidate("good"))
+    assert good.verdict == "pass", good.reason
+    stages = good.details["stage_s"]["check"]
+    assert stages["start"] > 0 and stages["wait_for_candidate"] > 0  # it was ready before the outputs were
+    bad = pipeline.evaluate(task, candidate("edge_wrong"))
+    assert bad.verdict == "wrong_output"  # the check's own verdict: it went on here too
+    crashed = pipeline.evaluate(task, candidate("raises"))
+    assert crashed.verdict == "runtime_error", crashed.reason
+    assert "check" in crashed.details["wall_s"]  # started, then stopped by the failure: it ran, and it ended
+    pipeline.close()
+    assert not list(tmp_path.glob("eval-*"))  # every job directory is gone: no check process was left behind
