@@ -9,7 +9,8 @@ For each task: `appliance optimize benchmarks/tasks/T.py --proposer tune --json`
 (DIR/T-*), then the seed's and the best's stored timings (`appliance show ID --json`). One Markdown row per task,
 printed as soon as the task is done (also appended to DIR/results.md). --compare-naive evaluates the same candidate
 sources with benchmarks/naive_harness.py (KernelBench-style: one fresh process per candidate, main shape only)
-and shows both throughputs. Evaluations per GPU-hour = evaluated / (wall hours x GPUs used); the naive harness
+and shows both throughputs. Evaluations per GPU-hour = evaluated / (wall hours x GPUs used), start-up included;
+steady evaluations per hour: once every GPU had its first verdict (see steady_rate). The naive harness
 uses one GPU (the first of --gpus).
 """
 
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.naive_harness import run_candidates  # noqa: E402
 
 COLUMNS = ["task", "evaluated", "seed ms -> best ms", "best vs eager", "best vs torch.compile", "best roofline %",
-           "best's change", "wall s", "evals / GPU-h", "evals per GPU"]
+           "best's change", "wall s", "evals / GPU-h", "steady evals / h", "evals per GPU"]
 NAIVE_COLUMNS = ["naive evals / GPU-h", "appliance / naive"]
 
 
@@ -54,6 +56,20 @@ def main_timing(home: Path, evaluation_id: int | None) -> dict:
         return {}
     shown = appliance(home, "show", str(evaluation_id), "--json")
     return next((t for t in shown["timings"] if t["shape"] == "main" and t["implementation"] == "candidate"), {})
+
+
+def steady_rate(verdicts: list[tuple[datetime, int | None]]) -> float | None:
+    """Evaluations per hour (all GPUs together) once every GPU of the run had its first verdict: from that verdict to
+    the last one. Without the start-up (inputs prepared, baselines timed, the seed evaluated alone) it shows how the
+    rate scales with GPUs; None when too few verdicts followed."""
+    firsts = {}
+    for t, gpu in verdicts:
+        firsts.setdefault(gpu, t)
+    start = max(firsts.values(), default=None)
+    after = [t for t, _ in verdicts if t > start] if start else []
+    if len(after) < 2:
+        return None
+    return len(after) / ((after[-1] - start).total_seconds() / 3600)
 
 
 def fmt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -81,21 +97,23 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
     seed_t, best_t = main_timing(home, seed.get("evaluation_id")), main_timing(home, best.get("evaluation_id"))
 
     db = sqlite3.connect(home / "appliance.db")
-    per_gpu = Counter(json.loads(d or "{}").get("gpu_index") for (d,) in db.execute(
-        "SELECT details FROM evaluation WHERE run_id = ?", (summary["run_id"],)))
+    verdicts = [(datetime.fromisoformat(t), json.loads(d or "{}").get("gpu_index")) for t, d in db.execute(
+        "SELECT created_at, details FROM evaluation WHERE run_id = ? ORDER BY created_at", (summary["run_id"],))]
+    per_gpu = Counter(gpu for _, gpu in verdicts)
     sources = db.execute("SELECT id, source FROM candidate WHERE run_id = ? AND status = 'evaluated' ORDER BY id",
                          (summary["run_id"],)).fetchall()
     db.close()
 
     n_gpus = (len(per_gpu) if args.executor else len(args.gpus.split(","))) if device == "cuda" else 1
     per_gpu_hour = summary["evaluated"] / (wall / 3600) / n_gpus
+    steady = steady_rate(verdicts)
     unit = " (CPU)" if device == "cpu" else ""
     roof = best_t.get("roofline_fraction")
     row = [name, str(summary["evaluated"]),
            f"{fmt(seed_t.get('median_ms'), '.4g')} -> {fmt(best_t.get('median_ms'), '.4g')}{unit}",
            fmt(best.get("speedup_vs_eager"), ".3g", "x"), fmt(best.get("speedup_vs_compile"), ".3g", "x"),
            fmt(roof * 100 if roof else None, ".0f", "%"), (best.get("note") or "-").replace("|", "\\|"),
-           f"{wall:.0f}", f"{per_gpu_hour:.0f}",
+           f"{wall:.0f}", f"{per_gpu_hour:.0f}", fmt(steady, ".0f"),
            ", ".join(f"{'cpu' if g is None else f'gpu {g}'}: {n}" for g, n in sorted(per_gpu.items(), key=str))]
 
     if args.compare_naive:
