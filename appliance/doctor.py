@@ -115,10 +115,9 @@ def _gpu() -> Check:
 
 
 def _database(url: str) -> Check:
-    from appliance.db.store import display_url
+    from appliance.db.store import Store, display_url, schema_version
 
     shown = display_url(url)  # doctor output ends up in tickets and logs
-    from appliance.db.store import Store, schema_version
 
     try:
         store = Store.open(url)

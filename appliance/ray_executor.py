@@ -24,11 +24,10 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from appliance.errors import InfrastructureError, TaskError
-from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
+from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 
@@ -84,14 +83,6 @@ def ray_pipelines(address: str, settings: EvalSettings, slots: int, unsafe: bool
     )
     return [RayPipeline(actor.remote(settings, slots, unsafe), i, settings, slots, unsafe) for i in range(count)]
 
-
-
-@dataclass
-class RemoteJail:
-    """What the loop reads of a pipeline's jail: the GPU label of the worker (its index in the cluster), or None."""
-
-    gpu: int | None
-    unsafe_no_jail: bool
 
 
 class RayPipeline:
@@ -196,20 +187,12 @@ class EvaluationWorker:
     def evaluate(self, files: dict, source: str, display_path: str, profile_above: float | None = None
                  ) -> Outcome | dict:
         self.local.profile_above = profile_above
-        job = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir))
         try:
-            task = self.tasks.get(files)
-            path = job / Path(display_path).name
-            path.write_text(source)
-            outcome = self.pipeline.evaluate(task, path)
-        except TaskError as e:  # named by the controller's task file, not this worker's copy of it
-            where = files["path"] if e.path.startswith(str(self.dir / "task")) else e.path
-            return {"task_error": [where, e.message, e.line], "host": self.host}
+            outcome = evaluate_sent(self.pipeline, self.tasks, files, source, display_path, self.dir)
+        except TaskError as e:
+            return {"task_error": [e.path, e.message, e.line], "host": self.host}
         except InfrastructureError as e:
             return {"infrastructure_error": str(e), "host": self.host}
-        finally:
-            shutil.rmtree(job, ignore_errors=True)
-        outcome.reason = outcome.reason.replace(str(path), display_path)  # name the controller's file
         outcome.details["host"] = self.host
         return outcome
 

@@ -46,8 +46,7 @@ from pathlib import Path
 from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
-from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
-from appliance.ray_executor import RemoteJail
+from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
@@ -218,18 +217,14 @@ class WorkerServer:
                 if self.stopping:  # waited for a slot while the worker was told to stop: nothing may start now
                     return {"infrastructure_error": "the worker is stopping"}
                 self.in_flight += 1
-            job, key = None, None
+            key = None
             try:
-                job = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir))
                 key, pipeline = self._acquire(request["settings"])
                 self.local.conn, self.local.ask = conn, request.get("ask_profile", False)
-                task = self.tasks.get(request["task"])
-                path = job / Path(request["path"]).name
-                path.write_text(request["source"])
-                outcome = pipeline.evaluate(task, path)
-            except TaskError as e:  # named by the client's task file, not this worker's copy of it
-                where = request["task"]["path"] if e.path.startswith(str(self.dir / "task")) else e.path
-                return {"task_error": [where, e.message, e.line]}
+                outcome = evaluate_sent(pipeline, self.tasks, request["task"], request["source"], request["path"],
+                                        self.dir)
+            except TaskError as e:
+                return {"task_error": [e.path, e.message, e.line]}
             except InfrastructureError as e:
                 return {"infrastructure_error": str(e)}
             except Exception:  # noqa: BLE001 - a bug of ours: the client raises it as loudly as a local pipeline
@@ -237,10 +232,7 @@ class WorkerServer:
                 return {"bug": traceback.format_exc()}
             finally:
                 self.local.conn = None
-                if job is not None:
-                    shutil.rmtree(job, ignore_errors=True)
                 self._finished(key)
-        outcome.reason = outcome.reason.replace(str(path), request["path"])  # name the client's file
         outcome.details |= {"host": self.host, "worker_pid": os.getpid()}
         return {"outcome": outcome}
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
-from appliance.tasks import Task
+from appliance.tasks import RebuiltTasks, Task
 from sandbox.gate import DeviceGate
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
@@ -108,7 +108,7 @@ class Pipeline:
         self._prepared_ahead: dict[str, tuple[float, list[dict]]] = {}  # key -> (wall s, device turns) not yet charged
         self._once = threading.Lock()  # one thread prepares a task's inputs (or measures ceilings); the rest wait
         # With settings.profile: which passing candidates get an Nsight Compute run (given the speedup vs eager).
-        # A search profiles only new bests: a profile costs about as much as the evaluation itself.
+        # A search sets it (loop.ProfileNewBests): a profile holds the device longer than the evaluation itself.
         self.profile_if: Callable[[float | None], bool] | None = None
 
     def close(self) -> None:
@@ -211,9 +211,9 @@ class Pipeline:
             d.mkdir()
         shutil.copy(task.path, dirs["reference"] / "task.py")
         shutil.copy(candidate_path, dirs["candidate"] / "candidate.py")
-        shapes = [vars(sh) for sh in task.shapes(mode)]
         common = self._common_spec(task, device, mode) | {"inputs_dir": str(dirs["inputs"]),
                                                           "outputs_dir": str(dirs["outputs"])}
+        shapes = common["shapes"]
         task_spec = common | {"task_file": str(dirs["reference"] / "task.py"), "task_display": str(task.path)}
 
         # 1. Inputs and baselines, from the task's own code (or kept from an earlier candidate of this task).
@@ -368,6 +368,34 @@ class Pipeline:
         if result["status"] == "task_error":
             raise TaskError(str(task.path), result["reason"], result.get("line"))
         return result
+
+
+@dataclass
+class RemoteJail:
+    """What the loop reads of a remote pipeline's jail (worker processes, Ray actors): the worker's GPU, or None."""
+
+    gpu: int | None
+    unsafe_no_jail: bool
+
+
+def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: str, display_path: str,
+                  job_root: Path) -> Outcome:
+    """An evaluation sent from another process or host (worker processes, Ray actors): the task and the candidate
+    arrive as text and are written under `job_root`; the outcome and a TaskError name the sender's files."""
+    job = Path(tempfile.mkdtemp(prefix="candidate-", dir=job_root))
+    try:
+        task = tasks.get(files)
+        path = job / Path(display_path).name
+        path.write_text(source)
+        outcome = pipeline.evaluate(task, path)
+    except TaskError as e:
+        if e.path.startswith(str(tasks.root)):  # our copy of the task: name the sender's
+            raise TaskError(files["path"], e.message, e.line) from None
+        raise
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+    outcome.reason = outcome.reason.replace(str(path), display_path)
+    return outcome
 
 
 class _EarlyCheck:
