@@ -12,6 +12,8 @@ locks that row first (`with_for_update`, ignored by SQLite) and sees the latest 
 from __future__ import annotations
 
 import hashlib
+import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +40,8 @@ PASS = "pass"
 _WRITE_LOCK = "appliance_write_lock"
 # PostgreSQL advisory lock key serialising migrations (any fixed bigint; "appl" in ASCII).
 _MIGRATION_LOCK = 0x6170706C
+# How long a SQLite connection waits for another process's lock before "database is locked".
+_SQLITE_BUSY_S = 5.0
 # Row lock for read-then-write (PostgreSQL; SQLite ignores it): FOR NO KEY UPDATE, the lock an UPDATE takes anyway. It
 # does not wait for transactions inserting rows that reference the locked one (evaluations of a run, say).
 _ROW_LOCK = {"key_share": True}
@@ -74,8 +78,9 @@ def make_engine(url: str) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         # busy_timeout first: switching to WAL needs a lock another process may hold.
-        for pragma in ("busy_timeout=5000", "journal_mode=WAL", "foreign_keys=ON"):
-            cursor.execute(f"PRAGMA {pragma}")
+        cursor.execute(f"PRAGMA busy_timeout={int(_SQLITE_BUSY_S * 1000)}")
+        _switch_to_wal(cursor)
+        cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -86,6 +91,21 @@ def make_engine(url: str) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _switch_to_wal(cursor: sqlite3.Cursor) -> None:
+    # Two connections switching a new database to WAL at once both hold a shared lock and want an exclusive one.
+    # SQLite fails one of them at once ("database is locked") instead of calling the busy handler, since waiting
+    # could deadlock; so we retry here, within the busy timeout.
+    deadline = time.monotonic() + _SQLITE_BUSY_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def migrate(engine: Engine, revision: str = "head") -> None:

@@ -91,11 +91,17 @@ async def settle(pilot) -> None:
     from textual.worker import WorkerCancelled, WorkerFailed
 
     await pilot.pause()
-    for worker in list(pilot.app.workers):
-        try:
-            await worker.wait()
-        except (WorkerCancelled, WorkerFailed):  # a read replaced by a newer one; an action's error is notified
-            pass
+    # A finished read may start another (a screen drawn from its result loads its own data): wait until none is left.
+    for _ in range(20):
+        running = [worker for worker in pilot.app.workers if not worker.is_finished]
+        if not running:
+            break
+        for worker in running:
+            try:
+                await worker.wait()
+            except (WorkerCancelled, WorkerFailed):  # a read replaced by a newer one; an action's error is notified
+                pass
+        await pilot.pause()
     await pilot.pause()
 
 
