@@ -16,6 +16,16 @@ class Example:
 
 
 @dataclass
+class Measured:
+    """A passing candidate of the run and its median times (ms): at the main shape, and at every other shape keyed
+    by the shape of its first input (what forward sees as x.shape). The tuner's per-shape step reads these."""
+
+    source: str
+    main_ms: float | None
+    by_shape: dict[tuple[int, ...], float] = field(default_factory=dict)
+
+
+@dataclass
 class PromptContext:
     task_name: str
     task_source: str
@@ -24,6 +34,7 @@ class PromptContext:
     history: list[str] = field(default_factory=list)  # feedback lines of recent attempts (failures included)
     backends: list[str] = field(default_factory=lambda: ["triton"])
     device: str = "cuda"  # what the kernel will run on: "cuda (NVIDIA H200, sm_90)" or "cpu (Triton interpreter)"
+    measured: list[Measured] = field(default_factory=list)  # the run's passing candidates and their times
 
 
 @dataclass

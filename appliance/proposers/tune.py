@@ -13,6 +13,21 @@ A neighbour of a value is the value one step before or after it in its list, so 
 whose current value is not in its list is allowed (an LLM edit may have set it): its neighbours are the nearest
 listed values on either side (numbers), or every listed value (anything else), and the proposal's note says so.
 
+Per shape. One setting rarely suits every shape a task times. A candidate may also declare a table literal
+`TUNED_BY_SHAPE`, mapping the shape of its first input (what forward sees as `tuple(x.shape)`) to the settings for
+that shape, and read its settings through it:
+
+    TUNED_BY_SHAPE = {}  # the tuner fills this in
+
+    def _settings(x):
+        return {"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS} | TUNED_BY_SHAPE.get(tuple(x.shape), {})
+
+The constants stay tuned for the main shape (where speedups are quoted). Once the run has timed a few variants
+that differ only in their settings (a "family"), the tuner proposes the family's fastest at the main shape with, for
+every other shape, the settings that were fastest there, when they beat its own there by PER_SHAPE_MIN_GAIN. The
+gate then times that candidate on every shape, so the per-shape choice is measured, not assumed. Tuning happens on
+the run's GPU: a table found on one GPU model is for that model.
+
 Everything is read with `ast` and `ast.literal_eval`; candidate code is never executed here. A rewrite replaces only
 the value expressions of the constants' assignments, located by their AST positions, so comments, formatting and
 every other byte of the source stay as they were. A broken declaration raises TuneError with a specific message;
@@ -27,10 +42,14 @@ import math
 import random
 import re
 
-from appliance.proposers.base import PromptContext, Proposal
+from appliance.proposers.base import Measured, PromptContext, Proposal
 from appliance.proposers.edits import source_hash
 
 DECLARATION = "TUNABLES"
+PER_SHAPE = "TUNED_BY_SHAPE"
+# A shape gets settings of its own only when they were this much faster there: times of different evaluations
+# differ by a few percent anyway, and a table entry that wins by noise only adds code paths.
+PER_SHAPE_MIN_GAIN = 1.03
 LITERAL_TYPES = (bool, int, float, str)
 MAX_ENUMERATED = 4096  # search spaces up to this size are enumerated for the random combinations; larger are sampled
 MAX_DRAWS_PER_PROPOSAL = 50
@@ -83,8 +102,84 @@ def with_values(source: str, values: dict[str, object]) -> str:
     spans = []
     for name, value in values.items():
         _check_literal(value, f"new value of {name}")
-        node = _constant_node(constants, name).value
-        spans.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, repr(value)))
+        spans.append((_constant_node(constants, name).value, repr(value)))
+    return _splice(source, spans)
+
+
+def read_per_shape(source: str) -> dict[tuple[int, ...], dict[str, object]] | None:
+    """The TUNED_BY_SHAPE table (input shape -> {tunable: value}); None when the source declares none."""
+    constants = _constants(_parse(source))
+    if PER_SHAPE not in constants:
+        return None
+    node = _table_node(constants)
+    table = ast.literal_eval(node.value)
+    tunables = read_tunables(source)
+    for shape, settings in table.items():
+        if not (isinstance(shape, tuple) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)):
+            raise TuneError(f"{PER_SHAPE} key {shape!r} (line {node.lineno}) is not a shape like (4096, 65536)")
+        if not isinstance(settings, dict) or not all(isinstance(k, str) and k in tunables for k in settings):
+            raise TuneError(f"{PER_SHAPE}[{shape!r}] must map declared tunables to values, like "
+                            f'{{"MAX_BLOCK": 1024}}')
+        for name, value in settings.items():
+            _check_literal(value, f"{PER_SHAPE}[{shape!r}][{name!r}]")
+    return table
+
+
+def with_per_shape(source: str, table: dict[tuple[int, ...], dict[str, object]]) -> str:
+    """The source with its TUNED_BY_SHAPE table replaced (shapes in order, one per line); every other byte unchanged."""
+    node = _table_node(_constants(_parse(source)))
+    if not table:
+        return _splice(source, [(node.value, "{}")])
+    entries = "".join(f"    {shape!r}: {dict(sorted(settings.items()))!r},\n" for shape, settings in sorted(table.items()))
+    return _splice(source, [(node.value, "{\n" + entries + "}")])
+
+
+def per_shape_proposal(parent: str, measured: list[Measured],
+                       min_gain: float = PER_SHAPE_MIN_GAIN) -> tuple[str, str] | None:
+    """(source, note): the fastest at the main shape of the parent's family (measured candidates that differ from it
+    only in settings), with TUNED_BY_SHAPE giving each other shape the settings that were fastest there. None when
+    the parent has no table or the evidence changes nothing."""
+    if read_per_shape(parent) is None:
+        return None
+    family = _family(parent)
+    members = [m for m in measured if m.main_ms and _family(m.source) == family]
+    if len(members) < 2:
+        return None
+    base = min(members, key=lambda m: m.main_ms)
+    names = list(read_tunables(base.source))
+    constants, table = current_values(base.source), read_per_shape(base.source) or {}
+
+    def setting_at(source: str, shape: tuple) -> tuple:
+        values = current_values(source) | (read_per_shape(source) or {}).get(shape, {})
+        return tuple((name, repr(values[name])) for name in names)
+
+    fastest: dict[tuple, dict[tuple, float]] = {}  # shape -> setting -> best time seen with it there
+    for m in members:
+        for shape, ms in m.by_shape.items():
+            key = setting_at(m.source, shape)
+            times = fastest.setdefault(shape, {})
+            times[key] = min(ms, times.get(key, math.inf))
+    new_table, changes = dict(table), []
+    for shape, times in sorted(fastest.items()):
+        own = times.get(setting_at(base.source, shape))
+        best_key = min(times, key=times.get)
+        if own is None or times[best_key] * min_gain >= own:
+            continue
+        best = dict(zip(names, (ast.literal_eval(text) for _, text in best_key)))
+        entry = {name: v for name, v in best.items() if not _same(v, constants[name])}
+        if entry:
+            new_table[shape] = entry
+        else:
+            new_table.pop(shape, None)
+        change = ", ".join(f"{n} {v!r}" for n, v in entry.items()) or "the constants"
+        changes.append(f"{shape}: {change} ({own:.3g} -> {times[best_key]:.3g} ms)")
+    if new_table == table:
+        return None
+    return with_per_shape(base.source, new_table), "per shape: " + "; ".join(changes)
+
+
+def _splice(source: str, spans: list[tuple[ast.expr, str]]) -> str:
+    """The source with each expression node's text replaced; every other byte unchanged."""
     lines = LINE_RE.findall(source)
     starts = list(itertools.accumulate((len(line) for line in lines), initial=0))
 
@@ -92,9 +187,32 @@ def with_values(source: str, values: dict[str, object]) -> str:
         return starts[lineno - 1] + len(lines[lineno - 1].encode("utf-8", "surrogatepass")[:col].decode("utf-8"))
 
     out = source
-    for lineno, col, end_lineno, end_col, text in sorted(spans, reverse=True):
-        out = out[: offset(lineno, col)] + text + out[offset(end_lineno, end_col) :]
+    for node, text in sorted(spans, key=lambda span: (span[0].lineno, span[0].col_offset), reverse=True):
+        out = out[: offset(node.lineno, node.col_offset)] + text + out[offset(node.end_lineno, node.end_col_offset) :]
     return out
+
+
+def _table_node(constants: dict[str, list[ast.stmt]]) -> ast.Assign | ast.AnnAssign:
+    stmts = constants[PER_SHAPE]
+    if len(stmts) > 1 or _simple_target(stmts[0]) != PER_SHAPE or not isinstance(stmts[0].value, ast.Dict):
+        raise TuneError(f"{PER_SHAPE} (line {stmts[0].lineno}) must be assigned once, alone, a dict literal")
+    try:
+        ast.literal_eval(stmts[0].value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise TuneError(f"{PER_SHAPE} (line {stmts[0].lineno}) must hold only literals") from None
+    return stmts[0]
+
+
+def _family(source: str) -> str | None:
+    """What a source is apart from its settings: candidates with the same family differ only in tunable values."""
+    try:
+        constants = _constants(_parse(source))
+        spans = [(_constant_node(constants, name).value, "0") for name in read_tunables(source)]
+        if PER_SHAPE in constants:
+            spans.append((_table_node(constants).value, "{}"))
+    except TuneError:
+        return None
+    return source_hash(_splice(source, spans))
 
 
 def neighbours(values: list, current: object) -> list:
@@ -134,24 +252,27 @@ class TuneProposer:
         taken = set(seen or ()) | {source_hash(parent)}
         proposals: list[Proposal] = []
 
-        def offer(values: dict[str, object]) -> None:
-            source = with_values(parent, values)
+        def offer(source: str, note: str) -> None:
             digest = source_hash(source)
             if digest not in taken:
                 taken.add(digest)
-                proposals.append(Proposal(source=source, proposer=self.name, mode="tune",
-                                          note=_note(values, current, tunables)))
+                proposals.append(Proposal(source=source, proposer=self.name, mode="tune", note=note))
 
+        try:  # first, whatever the run measured per shape (a broken table only costs this step)
+            if composed := per_shape_proposal(parent, ctx.measured):
+                offer(*composed)
+        except TuneError:
+            pass
         moves = [(name, v) for name, values in tunables.items() for v in neighbours(values, current[name])]
         self.rng.shuffle(moves)
         for name, value in moves:
             if len(proposals) >= n:
                 return proposals
-            offer({name: value})
+            offer(with_values(parent, {name: value}), _note({name: value}, current, tunables))
         for values in self._combinations(tunables, current, n - len(proposals)):
             if len(proposals) >= n:
                 break
-            offer(values)
+            offer(with_values(parent, values), _note(values, current, tunables))
         if proposals:
             return proposals
         return [self._failure(f"tune_exhausted: {_exhausted_text(tunables, len(moves), n)} of "

@@ -21,7 +21,7 @@ from appliance.db.models import Candidate
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import Outcome, Pipeline
 from appliance.metrics import Metrics
-from appliance.proposers.base import Example, PromptContext, Proposal
+from appliance.proposers.base import Example, Measured, PromptContext, Proposal
 from appliance.search.database import Entry, SearchDatabase, feedback
 from appliance.tasks import Task
 
@@ -281,6 +281,7 @@ class Optimizer:
         db = self._database()
         generation = self.state["generation"]
         seen = db.seen_hashes()
+        measured = self._measured(db)
         slots = []  # (island, parent, prompt context): chosen in order, so a seed gives the same choices
         for slot in range(self.config.batch):
             island = (generation * self.config.batch + slot) % self.config.islands
@@ -288,7 +289,7 @@ class Optimizer:
             if parent is None:
                 self.log("no passing candidate to build on: the seed candidate failed the gate")
                 return False
-            slots.append((island, parent, self._context(db, parent)))
+            slots.append((island, parent, self._context(db, parent, measured)))
         # Every slot's request in flight at once (an LLM answers several prompts in parallel).
         with ThreadPoolExecutor(len(slots)) as pool:
             answers = list(pool.map(lambda slot: self._ask(slot[2], 1, set(seen)), slots))
@@ -344,13 +345,34 @@ class Optimizer:
         self.store.add_candidate(self.run_id, self._task_id(), p.source, status="queued", **common)
         return True
 
-    def _context(self, db: SearchDatabase, parent: Entry) -> PromptContext:
+    def _context(self, db: SearchDatabase, parent: Entry, measured: list[Measured]) -> PromptContext:
         inspirations = [Example(e.candidate.source, feedback(e), label) for label, e in db.inspirations(parent)]
         device = "cuda" if self.pipelines[0].jail.gpu is not None else "cpu (Triton interpreter)"
         return PromptContext(
             task_name=self.task.name, task_source=self.task.path.read_text(),
             parent=Example(parent.candidate.source, feedback(parent), "parent"), inspirations=inspirations,
-            history=[feedback(e) for e in db.failures()], backends=list(self.task.manifest.backends), device=device)
+            history=[feedback(e) for e in db.failures()], backends=list(self.task.manifest.backends), device=device,
+            measured=measured)
+
+    def _measured(self, db: SearchDatabase) -> list[Measured]:
+        """Each passing candidate's times per shape (for per-shape tuning), the shapes named by their first input."""
+        times: dict[int, dict[str, float]] = {}
+        for t in self.store.run_timings(self.run_id):
+            if t.implementation == "candidate" and t.median_ms:
+                times.setdefault(t.evaluation_id, {})[t.shape] = t.median_ms
+        measured = []
+        for entry in db.passed():
+            by_name = times.get(entry.evaluation.id, {})
+            by_shape: dict[tuple[int, ...], float] = {}
+            shapes = [s for s in (entry.evaluation.details or {}).get("shapes", []) if s.get("input_shapes")]
+            main_key = tuple(shapes[0]["input_shapes"][0]) if shapes else None
+            for shape in shapes:
+                key = tuple(shape["input_shapes"][0])
+                # The constants are tuned for the main shape; a shape that looks like it is the main shape's too.
+                if key != main_key and shape["name"] in by_name:
+                    by_shape[key] = by_shape.get(key, 0.0) + by_name[shape["name"]]  # shapes alike share a key
+            measured.append(Measured(entry.candidate.source, by_name.get("main"), by_shape))
+        return measured
 
     def _database(self) -> SearchDatabase:
         return SearchDatabase(self.store.run_candidates(self.run_id), self.config.islands, self.state["migrants"],

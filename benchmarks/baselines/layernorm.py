@@ -16,6 +16,12 @@ import triton.language as tl
 MAX_BLOCK = 4096
 NUM_WARPS = 8
 TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192], "NUM_WARPS": [1, 2, 4, 8, 16, 32]}
+# Per-shape settings the tuner found (the input's shape -> settings); other shapes use the constants above.
+TUNED_BY_SHAPE = {}
+
+
+def _settings(x):
+    return {"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS} | TUNED_BY_SHAPE.get(tuple(x.shape), {})
 
 
 @triton.jit
@@ -66,8 +72,9 @@ class ModelNew(nn.Module):
         y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
         if y.numel() == 0:
             return y.view(x.shape)
-        block = min(triton.next_power_of_2(n_cols), MAX_BLOCK)
+        tuned = _settings(x)
+        block = min(triton.next_power_of_2(n_cols), tuned["MAX_BLOCK"])
         _layernorm_kernel[(n_rows,)](x2, self.ln.weight.contiguous(), self.ln.bias.contiguous(), y, n_cols,
                                      x2.stride(0), x2.stride(1), y.stride(0), self.ln.eps,
-                                     BLOCK=block, num_warps=NUM_WARPS if block >= 2048 else 4)
+                                     BLOCK=block, num_warps=tuned["NUM_WARPS"] if block >= 2048 else 4)
         return y.view(x.shape)

@@ -8,9 +8,10 @@ import random
 
 import pytest
 
-from appliance.proposers.base import Example, PromptContext
+from appliance.proposers.base import Example, Measured, PromptContext
 from appliance.proposers.edits import source_hash
-from appliance.proposers.tune import TuneError, TuneProposer, current_values, neighbours, read_tunables, with_values
+from appliance.proposers.tune import (TuneError, TuneProposer, current_values, neighbours, per_shape_proposal,
+                                      read_per_shape, read_tunables, with_per_shape, with_values)
 from tests.conftest import REPO
 
 SOFTMAX_TASK = REPO / "benchmarks" / "tasks" / "softmax.py"
@@ -218,6 +219,70 @@ def test_the_baselines_declare_tunables_whose_defaults_are_listed():
         tunables, current = read_tunables(source), current_values(source)
         assert current == {"MAX_BLOCK": 4096, "NUM_WARPS": 8}, name
         assert all(current[k] in tunables[k] for k in tunables), name
+        assert read_per_shape(source) == {}, name
+
+
+# --- per shape ---------------------------------------------------------------------------------------------------
+
+PER_SHAPE = PARENT.replace("NUM_WARPS = 8\n", "NUM_WARPS = 8\nTUNED_BY_SHAPE = {}  # filled in by the tuner\n")
+WIDE, NARROW = (4096, 65536), (3, 37)
+
+
+def variant(block: int, warps: int = 8, table: dict | None = None) -> str:
+    source = with_values(PER_SHAPE, {"MAX_BLOCK": block, "NUM_WARPS": warps})
+    return with_per_shape(source, table) if table else source
+
+
+def test_per_shape_table_reads_and_rewrites_only_its_own_lines():
+    assert read_per_shape(PARENT) is None and read_per_shape(PER_SHAPE) == {}
+    table = {NARROW: {"MAX_BLOCK": 1024}, (1, 1): {"MAX_BLOCK": 1024, "NUM_WARPS": 2}}
+    out = with_per_shape(PER_SHAPE, table)
+    assert read_per_shape(out) == table and current_values(out) == current_values(PER_SHAPE)
+    assert changed_lines(PER_SHAPE, out)[0] == "-TUNED_BY_SHAPE = {}  # filled in by the tuner"
+    assert with_per_shape(out, {}) == PER_SHAPE  # byte-identical round trip
+    for bad, message in [("{(4, 'x'): {}}", "is not a shape"), ("{(4,): {'OTHER': 1}}", "must map declared"),
+                         ("{(4,): {'MAX_BLOCK': [1]}}", "use ints, floats"), ("dict()", "a dict literal")]:
+        with pytest.raises(TuneError, match=message):
+            read_per_shape(PER_SHAPE.replace("TUNED_BY_SHAPE = {}", f"TUNED_BY_SHAPE = {bad}"))
+
+
+def test_each_shape_gets_the_settings_that_were_fastest_there_on_the_fastest_main():
+    measured = [Measured(variant(4096), 1.00, {NARROW: 0.020, (1, 1): 0.010}),
+                Measured(variant(1024), 1.30, {NARROW: 0.012, (1, 1): 0.0101}),  # (1, 1): within noise
+                Measured(variant(2048, 4), 1.10, {NARROW: 0.015, (1, 1): 0.011}),
+                Measured(PARENT, 0.50, {NARROW: 0.001})]  # another family (no table): not comparable
+    source, note = per_shape_proposal(variant(2048, 4), measured)  # any member as parent: the fastest is the base
+    assert current_values(source) == {"MAX_BLOCK": 4096, "NUM_WARPS": 8}
+    assert read_per_shape(source) == {NARROW: {"MAX_BLOCK": 1024}}
+    assert note == "per shape: (3, 37): MAX_BLOCK 1024 (0.02 -> 0.012 ms)"
+    # Once measured, the same candidate comes again (the proposer skips it as seen), or nothing when it is the base.
+    assert per_shape_proposal(source, measured + [Measured(source, 1.0, {NARROW: 0.012})])[0] == source
+    assert per_shape_proposal(source, measured + [Measured(source, 0.99, {NARROW: 0.012})]) is None
+    # A table entry goes again when the constants turn out faster there.
+    later = [Measured(source, 1.0, {NARROW: 0.030}), Measured(variant(2048), 1.2, {NARROW: 0.010})]
+    assert read_per_shape(per_shape_proposal(source, later)[0]) == {NARROW: {"MAX_BLOCK": 2048}}
+
+
+def test_no_per_shape_proposal_without_a_table_or_evidence():
+    assert per_shape_proposal(PARENT, [Measured(PARENT, 1.0, {NARROW: 1.0})] * 2) is None  # no table declared
+    assert per_shape_proposal(variant(4096), [Measured(variant(4096), 1.0, {NARROW: 1.0})]) is None  # one member
+    close = [Measured(variant(4096), 1.0, {NARROW: 0.0200}), Measured(variant(1024), 1.2, {NARROW: 0.0197})]
+    assert per_shape_proposal(variant(4096), close) is None  # 1.5% faster: noise, not a reason
+
+
+def test_the_proposer_offers_the_per_shape_candidate_first_and_only_once():
+    measured = [Measured(variant(4096), 1.0, {NARROW: 0.02}), Measured(variant(1024), 1.3, {NARROW: 0.01})]
+    first, *moves = TuneProposer(random.Random(0)).propose(
+        PromptContext(task_name="t", task_source="", parent=Example(variant(4096)), measured=measured), 3)
+    assert first.note.startswith("per shape: ") and read_per_shape(first.source) == {NARROW: {"MAX_BLOCK": 1024}}
+    assert len(moves) == 2 and all("->" in p.note and "per shape" not in p.note for p in moves)
+    again = TuneProposer(random.Random(0)).propose(
+        PromptContext(task_name="t", task_source="", parent=Example(variant(4096)), measured=measured), 3,
+        seen={source_hash(first.source)})
+    assert not any(p.note.startswith("per shape") for p in again)
+    broken = variant(4096).replace("TUNED_BY_SHAPE = {}", "TUNED_BY_SHAPE = {1: 2}")
+    assert all("->" in p.note for p in TuneProposer(random.Random(0)).propose(  # a broken table: moves still come
+        PromptContext(task_name="t", task_source="", parent=Example(broken), measured=measured), 2))
 
 
 # --- through the real gate ---------------------------------------------------------------------------------------

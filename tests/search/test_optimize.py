@@ -171,3 +171,17 @@ def test_an_llm_run_without_a_seed_starts_from_the_reference(appliance, home, mo
 def test_a_tuner_run_without_a_seed_says_what_to_give(appliance, home):
     result = appliance("optimize", str(REPO / "tests/fixtures/tasks/rowsoftmax.py"), "--proposer", "tune", *FAST)
     assert result.exit_code != 0 and "--from FILE" in result.output and "--proposer llm" in result.output
+
+
+def test_the_tuner_gives_each_shape_the_settings_that_were_fastest_there(appliance, home):
+    # The fixture's one tunable suits either wide rows (the main shape, 64 wide) or narrow ones (the task's other
+    # shapes, 37 and 1 wide): neither value is best everywhere, a per-shape table is.
+    task = REPO / "tests/fixtures/tasks/rowsoftmax.py"
+    code, summary = optimize(appliance, str(task), "--from", str(REPO / "tests/fixtures/candidates/shape_tuned.py"),
+                             "--max-candidates", "3", "--batch", "1", "--islands", "1")
+    assert code == 0 and summary["passed"] == 3, summary
+    seed, move, composed = rows(home, "SELECT c.note, c.source FROM candidate c ORDER BY c.id")
+    assert move[0] == "FOR_WIDE True->False"
+    assert composed[0].startswith("per shape: (1, 1): FOR_WIDE False") and "(3, 37): FOR_WIDE False" in composed[0]
+    assert "TUNED_BY_SHAPE = {\n    (1, 1): {'FOR_WIDE': False},\n    (3, 37): {'FOR_WIDE': False},\n}" in composed[1]
+    assert "FOR_WIDE = True" in composed[1]  # the main shape keeps the setting that was fastest there
