@@ -12,25 +12,39 @@ import triton.language as tl
 
 # Tunables: the tuning proposer (appliance/proposers/tune.py) rewrites these constants. MAX_BLOCK is the widest
 # chunk of a row one program holds (longer rows are walked in chunks; past 8192, the task's dim, a larger one
-# changes nothing); NUM_WARPS is used for blocks of 2048 or more, narrower blocks use 4.
+# changes nothing); NUM_WARPS is used for blocks of 2048 or more, narrower blocks use 4. ONE_READ: a row of up to
+# ONE_READ_MAX elements is held whole (MAX_BLOCK ignored) and read once instead of three times.
 MAX_BLOCK = 4096
 NUM_WARPS = 8
-TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192], "NUM_WARPS": [1, 2, 4, 8, 16, 32]}
+ONE_READ = False
+TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192], "NUM_WARPS": [1, 2, 4, 8, 16, 32], "ONE_READ": [False, True]}
+ONE_READ_MAX = 16384  # beyond this a whole row no longer fits in registers
 # Per-shape settings the tuner found (the input's shape -> settings); other shapes use the constants above.
 TUNED_BY_SHAPE = {}
 
 
 def _settings(x):
-    return {"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS} | TUNED_BY_SHAPE.get(tuple(x.shape), {})
+    return {"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS, "ONE_READ": ONE_READ} | TUNED_BY_SHAPE.get(tuple(x.shape), {})
 
 
 @triton.jit
 def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_cols, stride_xr, stride_xc, stride_yr, eps,
-                      BLOCK: tl.constexpr):
+                      BLOCK: tl.constexpr,
+                      WHOLE_ROW: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31 at full size
     x_row = x_ptr + row * stride_xr
     y_row = y_ptr + row * stride_yr
     offs = tl.arange(0, BLOCK)
+    if WHOLE_ROW:  # the row fits one block: read it once, keep it in registers
+        mask = offs < n_cols
+        x = tl.load(x_row + offs * stride_xc, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, 0) / n_cols
+        d = tl.where(mask, x - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / n_cols + eps)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + offs, (d * rstd * w + b).to(y_ptr.dtype.element_ty), mask=mask)
+        return
 
     acc = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_cols, BLOCK):
@@ -73,8 +87,10 @@ class ModelNew(nn.Module):
         if y.numel() == 0:
             return y.view(x.shape)
         tuned = _settings(x)
-        block = min(triton.next_power_of_2(n_cols), tuned["MAX_BLOCK"])
+        whole_row = tuned["ONE_READ"] and n_cols <= ONE_READ_MAX
+        block = triton.next_power_of_2(n_cols) if whole_row else min(triton.next_power_of_2(n_cols),
+                                                                     tuned["MAX_BLOCK"])
         _layernorm_kernel[(n_rows,)](x2, self.ln.weight.contiguous(), self.ln.bias.contiguous(), y, n_cols,
                                      x2.stride(0), x2.stride(1), y.stride(0), self.ln.eps,
-                                     BLOCK=block, num_warps=tuned["NUM_WARPS"] if block >= 2048 else 4)
+                                     BLOCK=block, WHOLE_ROW=whole_row, num_warps=tuned["NUM_WARPS"] if block >= 2048 else 4)
         return y.view(x.shape)

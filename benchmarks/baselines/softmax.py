@@ -1,8 +1,12 @@
-"""Triton baseline for softmax: one program per row, two passes over the row.
+"""Triton baseline for softmax: a program per row (or a few per SM, walking rows), two passes over the row.
 
 Pass 1 keeps a per-lane running max and a rescaled running sum (online softmax), so the row is read once to get
-both statistics however long it is; pass 2 re-reads it and writes exp(x - max) / sum.
+both statistics however long it is; pass 2 re-reads it and writes exp(x - max) / sum. The re-read is cheap only if
+the row is still in L2: at full size (256 KiB rows) a program per row keeps more rows in flight than L2 holds, which
+is what PROGRAMS_PER_SM (fewer rows in flight) and L2_HINTS (keep the row for its second read, then drop it) try.
 """
+import functools
+
 import torch
 import torch.nn as nn
 import triton
@@ -11,30 +15,40 @@ import triton.language as tl
 
 # Tunables: the tuning proposer (appliance/proposers/tune.py) rewrites these constants. MAX_BLOCK is the widest
 # chunk of a row one program holds (longer rows are walked in chunks); NUM_WARPS is used for blocks of 2048 or
-# more, narrower blocks use 4.
+# more, narrower blocks use 4. L2_HINTS: pass 1 loads with evict_last, pass 2 with evict_first. PROGRAMS_PER_SM:
+# 0 launches a program per row; n launches n per SM, each walking every (programs)-th row.
 MAX_BLOCK = 4096
 NUM_WARPS = 8
-TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192, 16384, 32768], "NUM_WARPS": [1, 2, 4, 8, 16, 32]}
+L2_HINTS = False
+PROGRAMS_PER_SM = 0
+TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192, 16384, 32768], "NUM_WARPS": [1, 2, 4, 8, 16, 32],
+            "L2_HINTS": [False, True], "PROGRAMS_PER_SM": [1, 2, 4, 8, 16, 0]}
 # Per-shape settings the tuner found (the input's shape -> settings); other shapes use the constants above.
 TUNED_BY_SHAPE = {}
 
 
 def _settings(x):
-    return {"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS} | TUNED_BY_SHAPE.get(tuple(x.shape), {})
+    return ({"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS, "L2_HINTS": L2_HINTS, "PROGRAMS_PER_SM": PROGRAMS_PER_SM}
+            | TUNED_BY_SHAPE.get(tuple(x.shape), {}))
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @triton.jit
-def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_xr, stride_xc, stride_yr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31 at full size
-    x_row = x_ptr + row * stride_xr
-    y_row = y_ptr + row * stride_yr
+def _softmax_row(x_row, y_row, n_cols, stride_xc, BLOCK: tl.constexpr, L2_HINTS: tl.constexpr):
     offs = tl.arange(0, BLOCK)
-
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
-        x = tl.load(x_row + cols * stride_xc, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+        if L2_HINTS:
+            x = tl.load(x_row + cols * stride_xc, mask=cols < n_cols, other=float("-inf"), eviction_policy="evict_last")
+        else:
+            x = tl.load(x_row + cols * stride_xc, mask=cols < n_cols, other=float("-inf"))
+        x = x.to(tl.float32)
         m_new = tl.maximum(m, x)
         # Lanes that have only seen padding keep m_new == -inf; exp(-inf - -inf) would be NaN there.
         seen = m_new > float("-inf")
@@ -47,9 +61,24 @@ def _softmax_kernel(x_ptr, y_ptr, n_cols, stride_xr, stride_xc, stride_yr, BLOCK
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         mask = cols < n_cols
-        x = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf")).to(tl.float32)
-        y = tl.exp(x - row_max) * inv_sum
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if L2_HINTS:
+            x = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf"), eviction_policy="evict_first")
+        else:
+            x = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf"))
+        y = tl.exp(x.to(tl.float32) - row_max) * inv_sum
+        tl.store(y_row + cols, y.to(y_row.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_xr, stride_xc, stride_yr, BLOCK: tl.constexpr,
+                    L2_HINTS: tl.constexpr, WALK_ROWS: tl.constexpr):
+    # int64 rows: row * stride can pass 2**31 at full size
+    if WALK_ROWS:
+        for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0).to(tl.int64)):
+            _softmax_row(x_ptr + row * stride_xr, y_ptr + row * stride_yr, n_cols, stride_xc, BLOCK, L2_HINTS)
+    else:
+        row = tl.program_id(0).to(tl.int64)
+        _softmax_row(x_ptr + row * stride_xr, y_ptr + row * stride_yr, n_cols, stride_xc, BLOCK, L2_HINTS)
 
 
 class ModelNew(nn.Module):
@@ -64,6 +93,10 @@ class ModelNew(nn.Module):
             return y.view(x.shape)
         tuned = _settings(x)
         block = min(triton.next_power_of_2(n_cols), tuned["MAX_BLOCK"])  # longer rows are walked in chunks
-        _softmax_kernel[(n_rows,)](x2, y, n_cols, x2.stride(0), x2.stride(1), y.stride(0),
-                                   BLOCK=block, num_warps=tuned["NUM_WARPS"] if block >= 2048 else 4)
+        programs = n_rows
+        if tuned["PROGRAMS_PER_SM"] and x.is_cuda:
+            programs = min(n_rows, tuned["PROGRAMS_PER_SM"] * _sm_count(x.device.index or 0))
+        _softmax_kernel[(programs,)](x2, y, n_rows, n_cols, x2.stride(0), x2.stride(1), y.stride(0), BLOCK=block,
+                                     L2_HINTS=tuned["L2_HINTS"], WALK_ROWS=programs < n_rows,
+                                     num_warps=tuned["NUM_WARPS"] if block >= 2048 else 4)
         return y.view(x.shape)

@@ -217,7 +217,7 @@ def test_the_baselines_declare_tunables_whose_defaults_are_listed():
     for name in ("softmax", "rmsnorm", "layernorm"):
         source = (REPO / "benchmarks" / "baselines" / f"{name}.py").read_text()
         tunables, current = read_tunables(source), current_values(source)
-        assert current == {"MAX_BLOCK": 4096, "NUM_WARPS": 8}, name
+        assert {"MAX_BLOCK": 4096, "NUM_WARPS": 8}.items() <= current.items(), name
         assert all(current[k] in tunables[k] for k in tunables), name
         assert read_per_shape(source) == {}, name
 
