@@ -215,8 +215,9 @@ def optimize(
     mode: Annotated[Optional[str], typer.Option(help="Size mode: small | full (default: full on GPU).")] = None,
     timing_budget: Annotated[float, typer.Option(help="Seconds of timed calls per shape and implementation.")] = 1.0,
     workers: Annotated[Optional[int], typer.Option(
-        help="Evaluations in flight per device (default: 3 per GPU, 1 on the CPU). Their loading, compiling and "
-             "checking overlap; correctness and timing take turns on the device.")] = None,
+        help="Evaluations in flight per device (default: half the cores per GPU, 3 to 8; 1 on the CPU). Their "
+             "loading, compiling and checking overlap; correctness and timing take turns on the device, and only as "
+             "many as fit in 90% of its memory hold it at once.")] = None,
     gpus: Annotated[Optional[str], typer.Option(help="Evaluation GPUs, e.g. 1,2 (default: every visible GPU).")] = None,
     executor: ExecutorOption = None,
     unsafe_no_jail: Annotated[bool, typer.Option(
@@ -479,7 +480,7 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, superv
     """One pipeline (worker) per evaluation GPU, or one for the CPU; each with `workers` evaluations in flight.
     With a `supervisor` (the controller) or `--executor workers`: each a worker process (appliance/worker.py);
     with a Ray executor: one per GPU of the Ray cluster (appliance/ray_executor.py); else in this process."""
-    from appliance.evaluation.pipeline import resolve_device
+    from appliance.evaluation.pipeline import default_slots, resolve_device
     from sandbox.jail import Jail
 
     s = state.settings
@@ -504,7 +505,8 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, superv
                                  "pass --gpus or --device cpu")
     else:
         indices = [None]
-    slots = config.workers or (3 if dev == "cuda" else 1)
+    # On Ray each actor holds one GPU of its host; how many share that host is not known here.
+    slots = config.workers or default_slots(0 if dev != "cuda" else 1 if on_ray else len(indices))
     if unsafe:
         err.print("[bold red]UNSAFE: --unsafe-no-jail: candidates run WITHOUT the jail.[/]")
     settings = EvalSettings(device=dev, mode=config.mode, baselines=("eager", "compile") if dev == "cuda" else ("eager",),
@@ -530,7 +532,8 @@ def worker(
         "--socket", help="Unix socket to serve on (default: APPLIANCE_HOME/workers/gpuN.sock, or cpu.sock; the "
                          "controller looks there).")] = None,
     slots: Annotated[Optional[int], typer.Option(
-        min=1, help="Evaluations at once (default: 3 on a GPU, 1 on the CPU); more wait their turn.")] = None,
+        min=1, help="Evaluations at once (default: half the cores, 3 to 8, on a GPU; 1 on the CPU); more wait "
+                    "their turn.")] = None,
     parent: Annotated[Optional[int], typer.Option(hidden=True, help="Stop when this process (the supervisor that "
                                                                     "started the worker) is gone.")] = None,
     unsafe_no_jail: Annotated[bool, typer.Option(
@@ -541,6 +544,7 @@ def worker(
     `appliance controller` (and `optimize --executor workers`). One per evaluation GPU: systemd's
     appliance-worker@N, or the controller starts its own. SIGTERM finishes the evaluations in flight, then exits."""
     from appliance import worker as workers
+    from appliance.evaluation.pipeline import default_slots
     from sandbox.jail import JailUnavailable
 
     s = state.settings
@@ -558,7 +562,8 @@ def worker(
 
     try:
         path = socket_file or workers.socket_path(s.home, g)
-        server = workers.WorkerServer(g, path, slots or (1 if g is None else 3), unsafe, s.home, s.jobs_dir, log)
+        in_flight = slots or default_slots(0 if g is None else 1)
+        server = workers.WorkerServer(g, path, in_flight, unsafe, s.home, s.jobs_dir, log)
         server.serve(parent)
     except (ApplianceError, JailUnavailable) as e:
         log(f"error: {e}")

@@ -72,6 +72,22 @@ def steady_rate(verdicts: list[tuple[datetime, int | None]]) -> float | None:
     return len(after) / ((after[-1] - start).total_seconds() / 3600)
 
 
+def where_time_went(details: list[dict]) -> str:
+    """Medians over a run's evaluations of what bounds the rate: each process's wall seconds, the device held
+    exclusively, waiting for turns and for device memory (sandbox/gate.py), and the most evaluations resident at once."""
+    def median(values: list) -> str:
+        values = sorted(v for v in values if isinstance(v, (int, float)))
+        return f"{values[len(values) // 2]:.2f}" if values else "-"
+
+    wall = [d.get("wall_s") or {} for d in details]
+    turns = [d.get("device_turns") or {} for d in details]
+    most = max((t.get("neighbours", 0) for t in turns), default=0)
+    return (f"median s per evaluation: candidate {median([w.get('candidate') for w in wall])}, check "
+            f"{median([w.get('check') for w in wall])}, device held {median([t.get('held_s') for t in turns])}, "
+            f"waited for turns {median([t.get('wait_s') for t in turns])}, for memory "
+            f"{median([t.get('resident_wait_s') for t in turns])}; at most {most + 1} resident at once")
+
+
 def fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -97,8 +113,10 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
     seed_t, best_t = main_timing(home, seed.get("evaluation_id")), main_timing(home, best.get("evaluation_id"))
 
     db = sqlite3.connect(home / "appliance.db")
-    verdicts = [(datetime.fromisoformat(t), json.loads(d or "{}").get("gpu_index")) for t, d in db.execute(
+    rows = [(datetime.fromisoformat(t), json.loads(d or "{}")) for t, d in db.execute(
         "SELECT created_at, details FROM evaluation WHERE run_id = ? ORDER BY created_at", (summary["run_id"],))]
+    verdicts = [(t, details.get("gpu_index")) for t, details in rows]
+    print(f"{name}: {where_time_went([details for _, details in rows])}", file=sys.stderr, flush=True)
     per_gpu = Counter(gpu for _, gpu in verdicts)
     sources = db.execute("SELECT id, source FROM candidate WHERE run_id = ? AND status = 'evaluated' ORDER BY id",
                          (summary["run_id"],)).fetchall()

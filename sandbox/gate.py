@@ -1,4 +1,4 @@
-"""One evaluation device, many evaluations in flight: they take turns on it.
+"""One evaluation device, many evaluations in flight: they take turns on it, and only so many hold its memory.
 
 Starting processes, importing, reading and writing files take most of an evaluation's time and need no GPU; they
 overlap freely. GPU work comes in two kinds, and a `DeviceGate` (a readers-writer lock) keeps them apart:
@@ -9,20 +9,34 @@ overlap freely. GPU work comes in two kinds, and a `DeviceGate` (a readers-write
   - light use (uploading inputs, building models, the first call that compiles, downloading outputs): a shared turn,
     any number at once, never during an exclusive one.
 
+Device memory is held from a process's first upload to its last download, across turns: a full-size evaluation
+holds ~10 GiB for most of its GPU life. So a process is *resident* from its first turn request until it says its
+device memory is freed (b"F") or exits, and the gate admits residents while their bytes (an estimate by the trusted
+side, given when the channel is opened) fit `memory_bytes`: evaluations in flight are bounded by their CPU work,
+while those holding GPU memory are bounded by the budget.
+
     harness process (jailed)                     trusted side (a thread per process, in the controller)
-      writes b"S" (shared) or b"A" (exclusive) ->  waits for that kind of turn (energy counter read for A)
+      writes b"S" (shared) or b"A" (exclusive) ->  not resident: waits to be admitted (arrival order), then
+                                                   waits for that kind of turn (energy counter read for A)
       blocks reading its grant pipe          <-    writes b"G"
       ... GPU work ...
-      writes b"R"                            ->    releases the turn
+      writes b"R"                            ->    releases the turn (still resident)
+      ... more turns; then frees its memory
+      writes b"F"                            ->    residency ends; a later request is admitted again
 
-A process that exits (or is killed) while holding a turn releases it: the request pipe's end-of-file does. Nothing
-a jailed process writes can take two turns or keep one past its own life; the wall-clock timeout still applies.
-Turns are recorded per process (seconds waited, seconds held exclusively, joules while held exclusively):
-GPU-seconds and energy are charged for exclusive time only, so evaluations that overlap are not charged twice.
-Waiting exclusive turns go first: light use never starves measuring.
+A process that exits (or is killed) releases its turn and its residency: the request pipe's end-of-file does.
+Nothing a jailed process writes can take two turns or keep one past its own life; the wall-clock timeout still
+applies. (A candidate that writes F early and keeps its memory can only cause out-of-memory errors, which the
+pipeline retries alone.) Admission is in arrival order, so a big evaluation is not starved by small ones; one that
+is bigger than the whole budget (or asks for the whole device) is admitted when nothing else is resident. A resident waiting for a turn never
+waits for admission: turns and residency cannot deadlock.
+Turns are recorded per process (seconds waited, seconds held exclusively, joules while held exclusively; seconds
+waited for admission, most other residents seen): GPU-seconds and energy are charged for exclusive time only, so
+evaluations that overlap are not charged twice. Waiting exclusive turns go first: light use never starves measuring.
 
-The harness side is `sandbox.harness.common.device_turn()`; processes that measure from start to end (baselines,
-ceilings, Nsight Compute) are run with `exclusive=True` and hold an exclusive turn throughout.
+The harness side is `sandbox.harness.common.device_turn()` and `device_memory_freed()`; processes that measure from
+start to end (baselines, ceilings, Nsight Compute) are run with `exclusive=True`: resident and holding an exclusive
+turn throughout.
 """
 
 from __future__ import annotations
@@ -30,37 +44,81 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 ENV_FDS = "APPLIANCE_TURN_FDS"  # "REQUEST_FD,GRANT_FD" inside the jail
 
 
-@dataclass
+@dataclass(eq=False)
 class TurnRecord:
     turns: int = 0
     wait_s: float = 0.0
     held_s: float = 0.0  # exclusive turns
     shared_s: float = 0.0  # shared turns (they overlap each other: not charged)
     joules: float | None = None  # None where no energy counter can be read (CPU, no NVML)
+    resident_wait_s: float = 0.0  # waiting to be admitted (the memory budget)
+    neighbours: int = 0  # the most other residents present at once while this process was resident
 
     def as_dict(self) -> dict:
         return {"turns": self.turns, "wait_s": round(self.wait_s, 3), "held_s": round(self.held_s, 3),
                 "shared_s": round(self.shared_s, 3),
-                "joules": None if self.joules is None else round(self.joules, 3)}
+                "joules": None if self.joules is None else round(self.joules, 3),
+                "resident_wait_s": round(self.resident_wait_s, 3), "neighbours": self.neighbours}
 
 
 @dataclass
 class DeviceGate:
-    """The turns of one evaluation device (a GPU, or the CPU of a CPU-only host)."""
+    """The turns of one evaluation device (a GPU, or the CPU of a CPU-only host), and who holds its memory."""
 
     energy_meter: object | None = None  # sandbox.harness.energy.EnergyMeter of the GPU, read around exclusive turns
+    memory_bytes: int | None = None  # what residents may hold together; None: no bound
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
     _exclusive: bool = field(default=False, repr=False)
     _shared: int = field(default=0, repr=False)
     _exclusive_waiting: int = field(default=0, repr=False)
+    _residents: dict = field(default_factory=dict, repr=False)  # TurnRecord -> bytes (None: the whole device)
+    _arrivals: deque = field(default_factory=deque, repr=False)  # records waiting for admission, in order
 
     def _millijoules(self) -> int | None:
         return self.energy_meter.millijoules() if self.energy_meter is not None else None
+
+    def admit(self, record: TurnRecord, nbytes: int | None) -> None:
+        """Wait until `nbytes` fit beside the residents (first come, first admitted); then `record` is resident.
+        None asks for the whole device: admitted only when nothing else is resident, budget or not."""
+        t0 = time.monotonic()
+        with self._cond:
+            self._arrivals.append(record)
+            self._cond.wait_for(lambda: self._arrivals[0] is record and self._fits(nbytes))
+            self._arrivals.popleft()
+            self._residents[record] = nbytes
+            for r in self._residents:
+                r.neighbours = max(r.neighbours, len(self._residents) - 1)
+            self._cond.notify_all()  # the next in line may fit as well
+        record.resident_wait_s += time.monotonic() - t0
+
+    def _fits(self, nbytes: int | None) -> bool:
+        held = list(self._residents.values())
+        if not held:
+            return True  # even one bigger than the budget: it runs, alone
+        if nbytes is None or None in held:
+            return False
+        return self.memory_bytes is None or sum(held) + nbytes <= self.memory_bytes
+
+    def leave(self, record: TurnRecord) -> None:
+        with self._cond:
+            if record in self._residents:
+                del self._residents[record]
+                self._cond.notify_all()
+
+    def residents(self) -> int:
+        with self._cond:
+            return len(self._residents)
+
+    def waiting(self) -> int:
+        """Processes waiting to be admitted."""
+        with self._cond:
+            return len(self._arrivals)
 
     def acquire(self, record: TurnRecord, exclusive: bool = True) -> tuple[bool, float, int | None]:
         t0 = time.monotonic()
@@ -98,15 +156,16 @@ class DeviceGate:
         with self._cond:
             return not self._exclusive and self._shared == 0
 
-    def open_channel(self) -> TurnChannel:
-        return TurnChannel(self)
+    def open_channel(self, resident_bytes: int | None = 0) -> TurnChannel:
+        """The pipes of one process that will hold `resident_bytes` of device memory (None: the whole device)."""
+        return TurnChannel(self, resident_bytes)
 
 
 class TurnChannel:
     """The pipes between one harness process and the gate, and the thread that serves its requests."""
 
-    def __init__(self, gate: DeviceGate):
-        self.gate, self.record = gate, TurnRecord()
+    def __init__(self, gate: DeviceGate, resident_bytes: int | None = 0):
+        self.gate, self.record, self.resident_bytes = gate, TurnRecord(), resident_bytes
         self._request_r, self.request_w = os.pipe()
         self.grant_r, self._grant_w = os.pipe()
         self._thread: threading.Thread | None = None
@@ -137,11 +196,14 @@ class TurnChannel:
         return self.record
 
     def _serve(self) -> None:
-        held = None
+        held, resident = None, False
         try:
             while chunk := os.read(self._request_r, 64):
                 for byte in chunk:
                     if byte in (ord("A"), ord("S")) and held is None:
+                        if not resident:  # admitted before the turn; a resident never waits here
+                            self.gate.admit(self.record, self.resident_bytes)
+                            resident = True
                         held = self.gate.acquire(self.record, exclusive=byte == ord("A"))
                         try:
                             os.write(self._grant_w, b"G")
@@ -151,12 +213,17 @@ class TurnChannel:
                     elif byte == ord("R") and held is not None:
                         self.gate.release(self.record, held)
                         held = None
-                    # anything else (a second A, a stray R, garbage) changes nothing
+                    elif byte == ord("F") and resident:
+                        self.gate.leave(self.record)
+                        resident = False
+                    # anything else (a second A, a stray R or F, garbage) changes nothing
         except OSError:
             pass
         finally:
             if held is not None:
                 self.gate.release(self.record, held)
+            if resident:
+                self.gate.leave(self.record)
             _close(self._request_r)
             _close(self._grant_w)
 

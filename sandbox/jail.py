@@ -106,21 +106,25 @@ class Jail:
 
     def run(self, argv: list[str], *, workdir: Path, ro: list[Path] = (), rw: list[Path] = (),
             env: dict[str, str] | None = None, timeout_s: float = 600.0, gate: DeviceGate | None = None,
-            exclusive: bool = False) -> JailResult:
+            exclusive: bool = False, resident_bytes: int | None = 0) -> JailResult:
         """Run argv with `workdir` (writable, also HOME/TMPDIR/caches), `rw` writable and `ro` read-only paths.
 
         With a `gate`, the process takes turns on the device (sandbox/gate.py): it asks for them itself, or, with
-        `exclusive`, holds one from start to end."""
+        `exclusive`, holds one from start to end. It holds `resident_bytes` of device memory while resident (None:
+        the whole device); with `exclusive`, from start to end too."""
         workdir = Path(workdir)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
-        channel = gate.open_channel() if gate is not None and not exclusive else None
+        channel = gate.open_channel(resident_bytes) if gate is not None and not exclusive else None
         full_env = self._env(workdir) | (env or {}) | (channel.env() if channel else {})
         limits = {"cpu_seconds": self._cpu_seconds(timeout_s), "file_bytes": self.max_file_bytes,
                   "open_files": self.open_files, "wall_seconds": timeout_s, "output_kept_bytes": OUTPUT_TAIL}
         cgroup = self._cgroup(limits)
-        record = TurnRecord()
-        held = gate.acquire(record) if gate is not None and exclusive else None
+        record, held = TurnRecord(), None
+        if gate is not None and exclusive:
+            gate.admit(record, resident_bytes)
         try:
+            if gate is not None and exclusive:
+                held = gate.acquire(record)
             result = self._run(argv, workdir, ro, rw, full_env, timeout_s, limits, cgroup, channel)
         except BaseException:
             if channel:
@@ -129,6 +133,8 @@ class Jail:
         finally:
             if held is not None:
                 gate.release(record, held)
+            if gate is not None and exclusive:
+                gate.leave(record)
         if channel:
             record = channel.join()
         result.turns = record.as_dict() if gate is not None else None

@@ -33,6 +33,9 @@ from sandbox.gate import DeviceGate
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
+MEMORY_BUDGET_FRACTION = 0.9  # of the GPU's memory: what the evaluations in flight may hold at once (sandbox/gate.py)
+PROCESS_ALLOWANCE_BYTES = 1 << 30  # device memory of one process beyond its tensors: CUDA context, allocator slack
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass
@@ -71,6 +74,15 @@ class Outcome:
         return self.verdict == "pass"
 
 
+def default_slots(gpus: int) -> int:
+    """Evaluations in flight per device when the user does not say. On a GPU, most of an evaluation is CPU work
+    (processes, imports, files) and the gate bounds how many hold device memory at once, so up to half the host's
+    cores per GPU, between 3 and 8; the CPU evaluates one at a time (the Triton interpreter is CPU-bound itself)."""
+    if gpus == 0:
+        return 1
+    return max(3, min(8, (os.cpu_count() or 2) // (2 * gpus)))
+
+
 def resolve_device(device: str) -> str:
     if device != "auto":
         return device
@@ -102,7 +114,7 @@ class Pipeline:
             from sandbox.harness.energy import EnergyMeter
 
             meter = EnergyMeter(jail.gpu)
-        self.gate = DeviceGate(energy_meter=meter)
+        self.gate = DeviceGate(energy_meter=meter, memory_bytes=_memory_budget(jail.gpu))
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
         self._prepared_ahead: dict[str, tuple[float, list[dict]]] = {}  # key -> (wall s, device turns) not yet charged
@@ -200,7 +212,7 @@ class Pipeline:
         s = self.settings
         return self._harness(["prepare"], task_spec | {"baselines": list(s.baselines), "inputs_dir": str(inputs_dir)},
                              workdir=workdir, rw=[inputs_dir], timeout=s.reference_timeout_s, task=task, wall=wall,
-                             turns=turns, exclusive=True)
+                             turns=turns, exclusive=True, resident_bytes=self._whole_budget())
 
     def _run(self, task, candidate_path, job, device, mode, base, backends) -> Outcome:
         s = self.settings
@@ -226,6 +238,7 @@ class Pipeline:
             prepared = self._prepare(task, task_spec, dirs["inputs"], dirs["reference"], wall, turns)
         environment = prepared["environment"]
         details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall, "gpu_index": self.jail.gpu}
+        cand_bytes, check_bytes = resident_estimate(Path(common["inputs_dir"]), common, prepared["shapes"])
 
         # The trusted check starts now, beside the candidate: its start-up (Python, torch, the task) overlaps the
         # candidate's run, and it reads nothing until told to go (step 3); any other way out of here stops it.
@@ -233,24 +246,23 @@ class Pipeline:
             ["check"], task_spec | {"prepared_shapes": prepared["shapes"], "tolerances": task.tolerances(),
                                     "go_file": str(dirs["check"] / "go"), "stop_file": str(dirs["check"] / "stop")},
             workdir=dirs["check"], ro=[dirs["reference"], dirs["inputs"], dirs["outputs"]],
-            timeout=s.candidate_timeout_s + s.reference_timeout_s, task=task, wall=wall, turns=turns), dirs["check"])
+            timeout=2 * s.candidate_timeout_s + s.reference_timeout_s,  # the candidate may run twice (see below)
+            task=task, wall=wall, turns=turns, resident_bytes=check_bytes), dirs["check"])
         try:
             # 2. The candidate, which sees its own file and the inputs, nothing else.
             cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py")}
             spec_path = dirs["candidate"] / "spec.json"
             spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
-            run = self.jail.run([_python(), "-m", "sandbox.harness.candidate", str(spec_path)],
-                                workdir=dirs["candidate"], ro=[dirs["inputs"]], rw=[dirs["outputs"]],
-                                timeout_s=s.candidate_timeout_s, gate=self.gate)
-            turns.append(run.turns or {})
+            run, cand = self._candidate(dirs, spec_path, cand_bytes, wall, turns, details)
             details["device_turns"] = _sum_turns(turns)
-            cand = _read_result(dirs["candidate"] / "result.json")
             details["candidate_stderr"] = run.stderr[-4000:]
             details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
-            wall["candidate"] = round(run.wall_s, 2)
             failure = _candidate_failure(run, cand, s.candidate_timeout_s)
             if failure:
                 verdict, stage, reason = failure
+                if "retried_alone" in details:
+                    reason += (" (retried alone after running out of memory beside other evaluations: it also "
+                               "failed with the device to itself)")
                 details.update({k: cand[k] for k in ("traceback", "line", "type") if k in (cand or {})})
                 reason = reason.replace("candidate.py line", f"{candidate_path} line")
                 return Outcome(**base | dict(verdict=verdict, stage=stage, reason=reason),
@@ -303,6 +315,34 @@ class Pipeline:
                        speedup_vs_eager=_speedup(main, "eager"), speedup_vs_compile=_speedup(main, "compile"),
                        environment=environment, details=details)
 
+    def _candidate(self, dirs: dict[str, Path], spec_path: Path, nbytes: int, wall: dict, turns: list[dict],
+                   details: dict) -> tuple[JailResult, dict | None]:
+        """The candidate process and its result record."""
+
+        def once(resident_bytes: int | None) -> tuple[JailResult, dict | None]:
+            run = self.jail.run([_python(), "-m", "sandbox.harness.candidate", str(spec_path)],
+                                workdir=dirs["candidate"], ro=[dirs["inputs"]], rw=[dirs["outputs"]],
+                                timeout_s=self.settings.candidate_timeout_s, gate=self.gate,
+                                resident_bytes=resident_bytes)
+            turns.append(run.turns or {})
+            wall["candidate"] = round(wall.get("candidate", 0.0) + run.wall_s, 2)
+            return run, _read_result(dirs["candidate"] / "result.json")
+
+        run, cand = once(nbytes)
+        # Out of device memory beside other evaluations may be their doing, not the candidate's (the budget holds
+        # estimates, and a neighbour may allocate more than its own): once more, alone (None: admitted only when
+        # nothing else is resident); that run's verdict stands.
+        if _out_of_memory(cand) and (run.turns or {}).get("neighbours"):
+            details["retried_alone"] = str(cand.get("reason"))
+            for entry in dirs["outputs"].iterdir():  # emptied in place: the waiting check has it mounted
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            (dirs["candidate"] / "result.json").unlink(missing_ok=True)
+            run, cand = once(None)
+        return run, cand
+
     def _profile(self, dirs: dict[str, Path], spec_path: Path, turns: list[dict]) -> dict:
         """Nsight Compute over one call of the (already passed) candidate, in the same jail as its evaluation."""
         ncu = shutil.which("ncu") or next((p for p in NCU_PATHS if os.path.isfile(p)), None)
@@ -312,7 +352,8 @@ class Pipeline:
         log = dirs["candidate"] / "ncu.csv"
         run = self.jail.run([*evidence.ncu_command(ncu, str(log)), _python(), "-m", "sandbox.harness.candidate",
                              str(spec_path), "--profile"],
-                            workdir=dirs["candidate"], ro=[dirs["inputs"]], timeout_s=300, gate=self.gate, exclusive=True)
+                            workdir=dirs["candidate"], ro=[dirs["inputs"]], timeout_s=300, gate=self.gate,
+                            exclusive=True, resident_bytes=self._whole_budget())
         turns.append(run.turns or {})
         text = _read_text(log, MAX_RESULT_BYTES)
         summary = evidence.ncu_summary(text) if text else {}
@@ -336,7 +377,8 @@ class Pipeline:
             workdir = job / "ceilings"
             workdir.mkdir()
             run = self.jail.run([_python(), "-m", "sandbox.harness.ceilings", str(workdir / "ceilings.json")],
-                                workdir=workdir, timeout_s=300, gate=self.gate, exclusive=True)
+                                workdir=workdir, timeout_s=300, gate=self.gate, exclusive=True,
+                                resident_bytes=self._whole_budget())
             turns.append(run.turns or {})
             measured = _read_result(workdir / "ceilings.json")
             if run.returncode != 0 or measured is None:
@@ -348,15 +390,20 @@ class Pipeline:
                 cache.write_text(json.dumps(self._ceilings))
         return self._ceilings
 
+    def _whole_budget(self) -> int:
+        """What a process that measures from start to end holds: the whole budget, as it is alone on the device
+        anyway (0 where there is no budget: nothing to wait for, as before there was one)."""
+        return self.gate.memory_bytes or 0
+
     def _harness(self, args: list[str], spec: dict, *, workdir: Path, timeout: float, task: Task, wall: dict,
-                 turns: list[dict], ro=(), rw=(), exclusive: bool = False) -> dict:
+                 turns: list[dict], ro=(), rw=(), exclusive: bool = False, resident_bytes: int = 0) -> dict:
         """Run a trusted reference-harness command; a failure here is the task's fault or ours, never the candidate's."""
         result_path = workdir / f"{args[0]}-result.json"
         spec_path = workdir / f"{args[0]}-spec.json"
         spec_path.write_text(json.dumps(spec | {"result": str(result_path)}))
         run = self.jail.run([_python(), "-m", "sandbox.harness.reference", *args, str(spec_path)],
                             workdir=workdir, ro=list(ro), rw=list(rw), timeout_s=timeout, gate=self.gate,
-                            exclusive=exclusive)
+                            exclusive=exclusive, resident_bytes=resident_bytes)
         wall[args[0]] = round(run.wall_s, 2)
         turns.append(run.turns or {})
         result = _read_result(result_path)
@@ -435,6 +482,8 @@ def _sum_turns(turns: list[dict]) -> dict:
     return {"held_s": round(sum(t.get("held_s", 0.0) for t in turns), 3),
             "wait_s": round(sum(t.get("wait_s", 0.0) for t in turns), 3),
             "joules": round(sum(joules), 3) if joules else None,
+            "resident_wait_s": round(sum(t.get("resident_wait_s", 0.0) for t in turns), 3),
+            "neighbours": max((t.get("neighbours", 0) for t in turns), default=0),
             "held_s_by_process": [t.get("held_s", 0.0) for t in turns]}
 
 
@@ -522,9 +571,7 @@ def _library_fallback(provenance: dict | None, reference_ops: list[str]) -> str 
 def _outputs_tampered(outputs: Path, shapes: list[dict]) -> str | None:
     """The outputs directory may hold only regular files the harness writes (no links, FIFOs, devices), none
     much larger than the outputs it should hold: the trusted check must not be the one that runs out of memory."""
-    sizes = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
-    expected = {s["name"]: sum(math.prod(o["shape"]) * sizes.get(o["dtype"], 8) for o in s["outputs"])
-                for s in shapes}
+    expected = {s["name"]: _output_bytes(s) for s in shapes}
     for entry in os.scandir(outputs):
         if not entry.is_file(follow_symlinks=False) or not entry.name.endswith(".pt"):
             return f"the candidate left {entry.name!r} in its outputs, which is not a regular .pt file"
@@ -534,6 +581,61 @@ def _outputs_tampered(outputs: Path, shapes: list[dict]) -> str | None:
         if entry.stat(follow_symlinks=False).st_size > limit:
             return f"the candidate's output file {entry.name!r} is larger than its outputs can be ({limit} bytes)"
     return None
+
+
+def _output_bytes(shape: dict) -> int:
+    """Bytes of one call's outputs at a prepared shape (prepare's record: dtype and shape of each)."""
+    return sum(math.prod(o["shape"]) * DTYPE_BYTES.get(o["dtype"], 8) for o in shape["outputs"])
+
+
+def resident_estimate(inputs_dir: Path, spec: dict, prepared_shapes: list[dict]) -> tuple[int, int]:
+    """Device bytes that the candidate and the check process of one evaluation hold while resident (the gate's
+    memory budget, sandbox/gate.py), from trusted data only: the input files `prepare` wrote (one per shape and
+    seed) and the outputs it recorded, never anything the candidate says.
+
+      candidate: every input set twice (the sets, and the snapshots that show whether a call modified them),
+        a copy of the largest set (the first call runs on a copy), the outputs twice (what forward returns and
+        the clones kept for the check; per seed and the timed call's), and PROCESS_ALLOWANCE_BYTES;
+      check: every input set and output (all uploaded at once), float64 copies of the largest case's inputs and
+        reference outputs (the reference is recomputed in float64), and PROCESS_ALLOWANCE_BYTES.
+
+    An estimate: a candidate that allocates much more (workspaces) may run out of memory beside its neighbours,
+    and is then run again alone (Pipeline._candidate)."""
+    seeds = spec["seeds"]
+    widen = 8 / DTYPE_BYTES.get(spec["dtype"] or "float32", 4)  # to float64
+    inputs = outputs = largest_set = largest_f64 = 0
+    for shape in prepared_shapes:
+        sets = [(inputs_dir / f"{shape['name']}-{seed}.pt").stat().st_size for seed in seeds]
+        out = _output_bytes(shape)
+        inputs += sum(sets)
+        outputs += out * (len(seeds) + 1)
+        largest_set = max(largest_set, *sets)
+        largest_f64 = max(largest_f64, max(sets) * widen + sum(math.prod(o["shape"]) * 8 for o in shape["outputs"]))
+    candidate = 2 * inputs + largest_set + 2 * outputs + PROCESS_ALLOWANCE_BYTES
+    check = inputs + outputs + int(largest_f64) + PROCESS_ALLOWANCE_BYTES
+    return candidate, check
+
+
+def _out_of_memory(result: dict | None) -> bool:
+    """The candidate harness reported an out-of-memory error (its type and message, see candidate._failure)."""
+    return (isinstance(result, dict) and result.get("status") == "failed" and result.get("verdict") == "runtime_error"
+            and (str(result.get("type", "")).endswith("OutOfMemoryError")
+                 or "out of memory" in str(result.get("message", "")).lower()))
+
+
+def _memory_budget(gpu: int | None) -> int | None:
+    """What the evaluations in flight on `gpu` may hold at once: MEMORY_BUDGET_FRACTION of its memory (NVML).
+    None (no bound) on the CPU, or where NVML cannot say."""
+    if gpu is None:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(gpu)).total
+    except Exception:  # noqa: BLE001 - no NVML here: evaluations are bounded by slots alone, as before
+        return None
+    return int(total * MEMORY_BUDGET_FRACTION)
 
 
 def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> tuple[str, str, str] | None:

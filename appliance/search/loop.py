@@ -46,7 +46,7 @@ class OptimizeConfig:
     device: str = "auto"
     mode: str | None = None
     timing_budget_s: float = 1.0
-    workers: int = 0  # evaluations in flight per device (0: 3 per GPU, 1 on the CPU); measuring takes turns
+    workers: int = 0  # evaluations in flight per device (0: pipeline.default_slots); measuring takes turns
     profile: bool = True  # Nsight Compute summary for passing candidates (GPU only)
 
     @classmethod

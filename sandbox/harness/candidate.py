@@ -9,14 +9,15 @@ tensors for the trusted check process; failures are written as data with the sta
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from sandbox.harness.common import (as_outputs, device_turn, error_info, is_compile_error, load_module,
-                                    prepare_device, to_device, write_result)
+from sandbox.harness.common import (as_outputs, device_memory_freed, device_turn, error_info, is_compile_error,
+                                    load_module, prepare_device, to_device, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
@@ -175,9 +176,28 @@ def run(spec: dict) -> dict:
             del input_sets, sets[:]
             stages.done("timing")
 
-    # 3. Outputs downloaded in a short shared turn (page-locked buffers, allocated before it: a copy from the
-    #    device into pageable memory runs at CPU-memcpy speed and would keep measurements waiting), then written
-    #    for the trusted check.
+    # 3. Outputs downloaded, then written for the trusted check. Once downloaded, nothing of ours is left on the
+    #    device: freed, and the gate told so, so that another evaluation may be admitted while this one writes its
+    #    files (sandbox/gate.py).
+    host = _download(to_save, device, sync)
+    del staged, to_save, timed_model, model, args, before, outs, spot, spot_outs
+    if device == "cuda":
+        gc.collect()  # tensors a model keeps in a reference cycle
+        torch.cuda.empty_cache()
+    device_memory_freed()
+    outputs_dir = Path(spec["outputs_dir"])
+    serialization.config.save.compute_crc32 = False  # a checksum of gigabytes in memory, read back at once: no use
+    for name, value in host:
+        torch.save(value, outputs_dir / name)
+    stages.done("save_outputs")
+    return {"status": "ok", "timings": timings, "provenance": provenance, "stage_s": stages.seconds}
+
+
+def _download(to_save: list, device: str, sync) -> list:
+    """`to_save` copied to the host in a short shared turn, into page-locked buffers allocated before it: a copy
+    from the device into pageable memory runs at CPU-memcpy speed and would keep measurements waiting."""
+    import torch
+
     def pinned(o):
         return torch.empty(o.shape, dtype=o.dtype, pin_memory=device == "cuda") if isinstance(o, torch.Tensor) else o
 
@@ -190,13 +210,7 @@ def run(spec: dict) -> dict:
                 if isinstance(o, torch.Tensor):
                     d.copy_(o)
         sync()
-    del to_save
-    outputs_dir = Path(spec["outputs_dir"])
-    serialization.config.save.compute_crc32 = False  # a checksum of gigabytes in memory, read back at once: no use
-    for name, value in host:
-        torch.save(value, outputs_dir / name)
-    stages.done("save_outputs")
-    return {"status": "ok", "timings": timings, "provenance": provenance, "stage_s": stages.seconds}
+    return host
 
 
 def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> None:

@@ -42,6 +42,14 @@ def device_turn(shared: bool = False) -> Iterator[None]:
         os.write(request, b"R")
 
 
+def device_memory_freed() -> None:
+    """Tell the gate this process holds no device memory any more (sandbox/gate.py): its bytes stop counting
+    against the budget, so a waiting evaluation can start while this one writes its files. A later turn is
+    admitted again. Without a gate there is no one to tell."""
+    if _TURN_FDS is not None:
+        os.write(_TURN_FDS[0], b"F")
+
+
 def load_module(path: str | Path, name: str, display_path: str | None = None):
     """Import a Python file as a module. `display_path` names the file in tracebacks (the user's path)."""
     path = Path(path)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from tests.conftest import FIXTURES, REPO, candidate
@@ -70,3 +73,70 @@ def test_the_check_starts_beside_the_candidate_and_is_stopped_when_the_candidate
     assert "check" in crashed.details["wall_s"]  # started, then stopped by the failure: it ran, and it ended
     pipeline.close()
     assert not list(tmp_path.glob("eval-*"))  # every job directory is gone: no check process was left behind
+
+
+def _pipeline(tmp_path, slots: int):
+    from appliance.evaluation.pipeline import EvalSettings, Pipeline
+    from sandbox.jail import Jail
+
+    return Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05,
+                                         jobs_dir=tmp_path, reuse_inputs=True), slots=slots)
+
+
+def _evaluate_at_once(pipeline, task, paths) -> list:
+    outcomes = [None] * len(paths)
+
+    def one(i):
+        outcomes[i] = pipeline.evaluate(task, paths[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(paths))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
+def test_evaluations_in_flight_hold_device_memory_within_the_budget(softmax_task, tmp_path):
+    """A budget smaller than any evaluation: every process holding device memory is alone, the others wait."""
+    from appliance.tasks import load_task
+
+    pipeline = _pipeline(tmp_path, slots=3)
+    pipeline.gate.memory_bytes = 1
+    task = load_task(softmax_task)
+    pipeline.prepare(task)
+    outcomes = _evaluate_at_once(pipeline, task, [candidate("good")] * 3)
+    pipeline.close()
+    assert [o.verdict for o in outcomes] == ["pass"] * 3, [o.reason for o in outcomes]
+    turns = [o.details["device_turns"] for o in outcomes]
+    assert all(t["neighbours"] == 0 for t in turns), turns  # never resident beside another process
+    assert sum(t["resident_wait_s"] for t in turns) > 0, turns  # and they did contend
+    assert pipeline.gate.residents() == 0
+
+
+def test_out_of_memory_beside_other_evaluations_is_retried_alone(softmax_task, tmp_path):
+    from appliance.tasks import load_task
+
+    pipeline = _pipeline(tmp_path, slots=2)
+    task = load_task(softmax_task)
+    pipeline.prepare(task)
+    # Alone on the device, running out of memory is the candidate's own doing: no retry.
+    alone = pipeline.evaluate(task, candidate("out_of_memory"))
+    assert alone.verdict == "runtime_error" and "OutOfMemoryError" in alone.reason, alone.reason
+    assert "retried_alone" not in alone.details and alone.details["device_turns"]["neighbours"] == 0
+    # Beside a slow honest evaluation (resident on the device for seconds), it may be the neighbour's.
+    slow = threading.Thread(target=lambda: outcomes.append(pipeline.evaluate(task, candidate("good_slow"))))
+    outcomes = []
+    slow.start()
+    deadline = time.monotonic() + 60
+    while pipeline.gate.residents() == 0:  # the slow one's candidate holds device memory
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    beside = pipeline.evaluate(task, candidate("out_of_memory"))
+    slow.join()
+    pipeline.close()
+    assert outcomes[0].verdict == "pass", outcomes[0].reason
+    assert "out of memory" in beside.details["retried_alone"], beside.details
+    assert beside.verdict == "runtime_error", beside.reason
+    assert "also failed with the device to itself" in beside.reason, beside.reason
+    assert beside.details["device_turns"]["neighbours"] >= 1

@@ -1,12 +1,15 @@
 """Device turns (sandbox/gate.py) between real jailed processes: never two at once, and no process can keep a
-turn past its own life or take two."""
+turn past its own life or take two; residency: no more device memory held at once than the budget allows."""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from sandbox.gate import DeviceGate
 from sandbox.jail import Jail
@@ -87,3 +90,167 @@ def test_an_exclusive_process_holds_the_device_from_start_to_end(tmp_path):
                      exclusive=True, timeout_s=30)
     assert run.returncode == 0 and run.turns["turns"] == 1 and run.turns["held_s"] >= run.wall_s * 0.9
     assert gate.idle()  # released afterwards
+
+
+# Residency (the memory budget). Inside the jail: run the steps given as arguments, logging when each one was done
+# (atomically, so the test can read the log while the process runs). "wait:NAME" waits until the test creates NAME
+# in the process's workdir: the test decides when a resident lets go.
+HOLDER = """
+import json, os, sys, time
+from sandbox.harness.common import device_memory_freed, device_turn
+log = []
+for step in sys.argv[1:]:
+    if step == "turn":
+        with device_turn(shared=True):
+            pass
+    elif step == "free":
+        device_memory_freed()
+    elif step.startswith("wait:"):
+        while not os.path.exists(step[5:]):
+            time.sleep(0.01)
+    elif step == "die":
+        os.kill(os.getpid(), 9)
+    log.append([step, time.time()])
+    open("log.tmp", "w").write(json.dumps(log))
+    os.replace("log.tmp", "log.json")
+"""
+
+
+class _Holder:
+    """A jailed HOLDER process run on a thread, holding `nbytes` while resident."""
+
+    def __init__(self, gate: DeviceGate, workdir: Path, steps: list[str], nbytes: int | None):
+        workdir.mkdir()
+        self.workdir, self.run = workdir, None
+        self.thread = threading.Thread(target=self._run, args=(gate, steps, nbytes))
+        self.thread.start()
+
+    def _run(self, gate, steps, nbytes) -> None:
+        self.run = Jail().run([sys.executable, "-c", HOLDER, *steps], workdir=self.workdir, gate=gate,
+                              resident_bytes=nbytes, timeout_s=60)
+
+    def log(self) -> list:
+        path = self.workdir / "log.json"
+        return json.loads(path.read_text()) if path.exists() else []
+
+    def times(self, step: str) -> list[float]:
+        return [t for s, t in self.log() if s == step]
+
+    def go(self) -> None:
+        (self.workdir / "go").touch()
+
+    def done(self):
+        self.thread.join(timeout=60)
+        return self.run
+
+
+def _until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def test_a_memory_budget_bounds_how_many_processes_are_resident(tmp_path):
+    gate = DeviceGate(memory_bytes=2)  # room for two of the three
+    holders = [_Holder(gate, tmp_path / f"p{i}", ["turn", "wait:go"], 1) for i in range(3)]
+    _until(lambda: gate.residents() == 2 and gate.waiting() == 1)
+    time.sleep(0.3)
+    assert gate.residents() == 2 and gate.waiting() == 1  # the third really waits
+    first = next(h for h in holders if h.times("turn"))
+    first.go()
+    _until(lambda: all(h.times("turn") for h in holders))
+    for h in holders:
+        h.go()
+    runs = [h.done() for h in holders]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    # From the processes' own clocks: never three resident at once (admitted at "turn", still there at "wait:go").
+    spans = [(h.times("turn")[0], h.times("wait:go")[0]) for h in holders]
+    for t, _ in spans:
+        assert sum(start <= t <= end for start, end in spans) <= 2, spans
+    third = max(holders, key=lambda h: h.times("turn")[0])
+    assert third.times("turn")[0] >= first.times("wait:go")[0]
+    assert third.run.turns["resident_wait_s"] >= 0.3, third.run.turns
+    assert sorted(r.turns["neighbours"] for r in runs) == [1, 1, 1]
+    assert gate.residents() == 0
+
+
+def test_freed_memory_lets_the_next_one_in_and_a_later_turn_is_admitted_again(tmp_path):
+    gate = DeviceGate(memory_bytes=1)
+    early = _Holder(gate, tmp_path / "early", ["turn", "free", "wait:go", "turn"], 1)
+    _until(lambda: early.times("free"))
+    late = _Holder(gate, tmp_path / "late", ["turn", "wait:go"], 1)
+    _until(lambda: late.times("turn"))  # admitted while `early` is alive: F ended its residency
+    early.go()  # `early` asks for a turn again: it must be admitted again, and `late` is resident
+    _until(lambda: gate.waiting() == 1)
+    time.sleep(0.3)
+    assert len(early.times("turn")) == 1
+    late.go()
+    early_run, late_run = early.done(), late.done()
+    assert early_run.returncode == 0 and late_run.returncode == 0, early_run.stderr + late_run.stderr
+    assert early.times("turn")[1] >= late.times("wait:go")[0]
+    assert early_run.turns["turns"] == 2 and early_run.turns["resident_wait_s"] >= 0.3, early_run.turns
+    assert early_run.turns["neighbours"] == 0 and late_run.turns["neighbours"] == 0  # never resident together
+
+
+def test_a_process_killed_while_resident_frees_its_bytes(tmp_path):
+    gate = DeviceGate(memory_bytes=1)
+    killed = _Holder(gate, tmp_path / "killed", ["turn", "wait:go", "die"], 1)
+    _until(lambda: killed.times("turn"))
+    waiting = _Holder(gate, tmp_path / "waiting", ["turn"], 1)
+    _until(lambda: gate.waiting() == 1)
+    killed.go()
+    assert killed.done().signal == 9
+    run = waiting.done()
+    assert run.returncode == 0 and run.turns["turns"] == 1 and run.turns["resident_wait_s"] > 0, run.turns
+    assert gate.residents() == 0 and gate.waiting() == 0
+
+
+def test_a_process_bigger_than_the_budget_runs_alone(tmp_path):
+    gate = DeviceGate(memory_bytes=1)
+    big = _Holder(gate, tmp_path / "big", ["turn", "wait:go"], 10)
+    _until(lambda: big.times("turn"))  # admitted at once: nothing else was resident
+    small = _Holder(gate, tmp_path / "small", ["turn"], 1)
+    _until(lambda: gate.waiting() == 1)
+    time.sleep(0.2)
+    assert not small.times("turn")
+    big.go()
+    assert big.done().returncode == 0 and small.done().returncode == 0
+    assert small.times("turn")[0] >= big.times("wait:go")[0]
+    assert big.run.turns["neighbours"] == 0 and small.run.turns["neighbours"] == 0
+
+
+@pytest.mark.parametrize("budget, big", [(2, 2), (None, None)], ids=["budget", "whole-device-without-budget"])
+def test_admission_is_in_arrival_order(tmp_path, budget, big):
+    """A big request waits for room; small ones that arrive after it wait behind it, though they would fit."""
+    gate = DeviceGate(memory_bytes=budget)
+    small1 = _Holder(gate, tmp_path / "small1", ["turn", "wait:go"], 1)
+    _until(lambda: small1.times("turn"))
+    large = _Holder(gate, tmp_path / "large", ["turn", "wait:go"], big)
+    _until(lambda: gate.waiting() == 1)
+    small2 = _Holder(gate, tmp_path / "small2", ["turn", "wait:go"], 1)
+    _until(lambda: gate.waiting() == 2)
+    time.sleep(0.2)
+    assert not small2.times("turn")  # it would fit beside small1, but `large` came first
+    small1.go()
+    _until(lambda: large.times("turn"))
+    time.sleep(0.2)
+    assert not small2.times("turn")  # no room beside `large`
+    large.go()
+    small2.go()
+    runs = [h.done() for h in (small1, large, small2)]
+    assert all(r.returncode == 0 for r in runs)
+    assert small1.times("turn")[0] < large.times("turn")[0] < small2.times("turn")[0]
+
+
+def test_an_exclusive_process_is_resident_from_start_to_end(tmp_path):
+    gate = DeviceGate(memory_bytes=1)
+    holder = _Holder(gate, tmp_path / "holder", ["turn", "wait:go"], 1)
+    _until(lambda: holder.times("turn"))
+    threading.Timer(0.3, holder.go).start()
+    (tmp_path / "x").mkdir()
+    run = Jail().run([sys.executable, "-c", "pass"], workdir=tmp_path / "x", gate=gate, exclusive=True,
+                     resident_bytes=1, timeout_s=30)
+    assert run.returncode == 0 and run.turns["resident_wait_s"] >= 0.2, run.turns
+    assert holder.done().returncode == 0
+    assert gate.residents() == 0 and gate.idle()
