@@ -603,9 +603,11 @@ def resident_estimate(inputs_dir: Path, spec: dict, prepared_shapes: list[dict])
     and is then run again alone (Pipeline._candidate)."""
     seeds = spec["seeds"]
     widen = 8 / DTYPE_BYTES.get(spec["dtype"] or "float32", 4)  # to float64
+    strided = {s["name"] for s in spec["shapes"] if s.get("layout") == "strided"}  # twice as wide on the device
     inputs = outputs = largest_set = largest_f64 = 0
     for shape in prepared_shapes:
-        sets = [(inputs_dir / f"{shape['name']}-{seed}.pt").stat().st_size for seed in seeds]
+        sets = [(inputs_dir / f"{shape['name']}-{seed}.pt").stat().st_size * (2 if shape["name"] in strided else 1)
+                for seed in seeds]
         out = _output_bytes(shape)
         inputs += sum(sets)
         outputs += out * (len(seeds) + 1)

@@ -146,3 +146,19 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(softmax_task, t
     assert "also failed with the device to itself" in beside.reason, beside.reason
     assert beside.details["device_turns"]["resident_wait_s"] > 0
     assert beside.details["device_turns"]["neighbours"] >= 1
+
+
+def test_resident_estimate_counts_inputs_outputs_and_strided_copies(tmp_path):
+    from appliance.evaluation.pipeline import PROCESS_ALLOWANCE_BYTES, resident_estimate
+
+    for name, size in [("main-0", 1000), ("main-1", 1000), ("odd-0", 300), ("odd-1", 300)]:
+        (tmp_path / f"{name}.pt").write_bytes(b"x" * size)
+    spec = {"seeds": [0, 1], "dtype": "float32",
+            "shapes": [{"name": "main", "layout": "contiguous"}, {"name": "odd", "layout": "strided"}]}
+    prepared = [{"name": "main", "outputs": [{"dtype": "float32", "shape": [10, 10]}]},  # 400 bytes per call
+                {"name": "odd", "outputs": [{"dtype": "float32", "shape": [5]}]}]  # 20 bytes per call
+    candidate, check = resident_estimate(tmp_path, spec, prepared)
+    inputs = 2000 + 2 * 600  # strided inputs sit in buffers twice as wide
+    outputs = 3 * 400 + 3 * 20  # two seeds and the timed call
+    assert candidate == 2 * inputs + 1000 + 2 * outputs + PROCESS_ALLOWANCE_BYTES
+    assert check == inputs + outputs + 1000 * 2 + 100 * 8 + PROCESS_ALLOWANCE_BYTES  # float64 copies of main's case
