@@ -108,8 +108,9 @@ class SearchDatabase:
         return out
 
 
-def feedback(entry: Entry) -> str:
-    """What the gate and the timer said about a candidate, in a few lines for the next proposal."""
+def feedback(entry: Entry, timings: list | None = None) -> str:
+    """What the gate and the timer said about a candidate, in a few lines for the next proposal; with its Timing
+    rows, its time at every shape too (where it is slow is where to look)."""
     c, e = entry.candidate, entry.evaluation
     if c.status == "proposal_failed":
         return f"proposal failed: {c.failure}"
@@ -131,9 +132,24 @@ def feedback(entry: Entry) -> str:
         stalls = ", ".join(f"{s['reason']} {s['cycles_per_issue']:.1f}" for s in ncu.get("top_stalls", []))
         lines.append(f"Nsight Compute: DRAM throughput {ncu['dram_throughput_pct']:.0f}% of peak, achieved "
                      f"occupancy {ncu['achieved_occupancy_pct']:.0f}%, top stalls (cycles per issue): {stalls}")
+    if timings:
+        lines.append(_per_shape(timings))
     if c.note:
         lines.append(f"change: {c.note[:200]}")
     return "\n".join(lines)
+
+
+def _per_shape(timings: list) -> str:
+    by_shape: dict[str, dict] = {}
+    for t in timings:
+        by_shape.setdefault(t.shape, {"sizes": t.sizes})[t.implementation] = t.median_ms
+    parts = []
+    for shape, row in by_shape.items():
+        cand, eager = row.get("candidate"), row.get("eager")
+        if cand:
+            sizes = ", ".join(f"{k}={v}" for k, v in (row["sizes"] or {}).items())
+            parts.append(f"{shape} ({sizes}) {cand:.4g} ms" + (f", {eager / cand:.3g}x eager" if eager else ""))
+    return "timings per shape: " + "; ".join(parts)
 
 
 def _x(value: float | None) -> str:

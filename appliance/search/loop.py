@@ -281,7 +281,10 @@ class Optimizer:
         db = self._database()
         generation = self.state["generation"]
         seen = db.seen_hashes()
-        measured = self._measured(db)
+        timings: dict[int, list] = {}  # evaluation id -> its Timing rows
+        for t in self.store.run_timings(self.run_id):
+            timings.setdefault(t.evaluation_id, []).append(t)
+        measured = self._measured(db, timings)
         slots = []  # (island, parent, prompt context): chosen in order, so a seed gives the same choices
         for slot in range(self.config.batch):
             island = (generation * self.config.batch + slot) % self.config.islands
@@ -289,7 +292,7 @@ class Optimizer:
             if parent is None:
                 self.log("no passing candidate to build on: the seed candidate failed the gate")
                 return False
-            slots.append((island, parent, self._context(db, parent, measured)))
+            slots.append((island, parent, self._context(db, parent, measured, timings)))
         # Every slot's request in flight at once (an LLM answers several prompts in parallel).
         with ThreadPoolExecutor(len(slots)) as pool:
             answers = list(pool.map(lambda slot: self._ask(slot[2], 1, set(seen)), slots))
@@ -345,24 +348,25 @@ class Optimizer:
         self.store.add_candidate(self.run_id, self._task_id(), p.source, status="queued", **common)
         return True
 
-    def _context(self, db: SearchDatabase, parent: Entry, measured: list[Measured]) -> PromptContext:
-        inspirations = [Example(e.candidate.source, feedback(e), label) for label, e in db.inspirations(parent)]
+    def _context(self, db: SearchDatabase, parent: Entry, measured: list[Measured],
+                 timings: dict[int, list]) -> PromptContext:
+        def told(e: Entry) -> str:
+            return feedback(e, timings.get(e.evaluation.id) if e.evaluation else None)
+
+        inspirations = [Example(e.candidate.source, told(e), label) for label, e in db.inspirations(parent)]
         device = "cuda" if self.pipelines[0].jail.gpu is not None else "cpu (Triton interpreter)"
         return PromptContext(
             task_name=self.task.name, task_source=self.task.path.read_text(),
-            parent=Example(parent.candidate.source, feedback(parent), "parent"), inspirations=inspirations,
+            parent=Example(parent.candidate.source, told(parent), "parent"), inspirations=inspirations,
             history=[feedback(e) for e in db.failures()], backends=list(self.task.manifest.backends), device=device,
             measured=measured)
 
-    def _measured(self, db: SearchDatabase) -> list[Measured]:
+    def _measured(self, db: SearchDatabase, timings: dict[int, list]) -> list[Measured]:
         """Each passing candidate's times per shape (for per-shape tuning), the shapes named by their first input."""
-        times: dict[int, dict[str, float]] = {}
-        for t in self.store.run_timings(self.run_id):
-            if t.implementation == "candidate" and t.median_ms:
-                times.setdefault(t.evaluation_id, {})[t.shape] = t.median_ms
         measured = []
         for entry in db.passed():
-            by_name = times.get(entry.evaluation.id, {})
+            by_name = {t.shape: t.median_ms for t in timings.get(entry.evaluation.id, [])
+                       if t.implementation == "candidate" and t.median_ms}
             by_shape: dict[tuple[int, ...], float] = {}
             shapes = [s for s in (entry.evaluation.details or {}).get("shapes", []) if s.get("input_shapes")]
             main_key = tuple(shapes[0]["input_shapes"][0]) if shapes else None

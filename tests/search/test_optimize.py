@@ -118,6 +118,8 @@ def test_garbage_from_the_llm_becomes_recorded_failures_and_the_run_ends_cleanly
     failures = [f for (f,) in rows(home, "SELECT failure FROM candidate WHERE status = 'proposal_failed'")]
     assert any("no code block" in f for f in failures) and any("SEARCH text not found" in f for f in failures)
     assert summary["usage"]["llm_tokens"] == 120 * summary["proposal_failures"]
+    prompt = server.requests[0]["messages"][-1]["content"]  # the parent (the seed) with its time at every shape
+    assert "timings per shape: main (batch_size=4, dim=300) " in prompt and "edge (batch_size=3, dim=4097) " in prompt
 
 
 @pytest.mark.llm
