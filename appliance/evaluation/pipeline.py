@@ -479,7 +479,8 @@ def _sum_turns(turns: list[dict]) -> dict:
     """An evaluation's time with the device to itself (what GPU-seconds are charged for), its waiting, its energy;
     and each process's share (in the order they ran)."""
     joules = [t["joules"] for t in turns if t.get("joules") is not None]
-    return {"held_s": round(sum(t.get("held_s", 0.0) for t in turns), 3),
+    return {"turns": sum(t.get("turns", 0) for t in turns),  # a first call's compile adds one (common.py lends it)
+            "held_s": round(sum(t.get("held_s", 0.0) for t in turns), 3),
             "wait_s": round(sum(t.get("wait_s", 0.0) for t in turns), 3),
             "joules": round(sum(joules), 3) if joules else None,
             "resident_wait_s": round(sum(t.get("resident_wait_s", 0.0) for t in turns), 3),

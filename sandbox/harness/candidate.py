@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, device_memory_freed, device_turn, error_info, is_compile_error,
-                                    load_module, prepare_device, to_device, write_result)
+                                    lend_turns_while_compiling, load_module, prepare_device, to_device, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
@@ -122,6 +122,8 @@ def run(spec: dict) -> dict:
 
     # 1. Every shape's inputs read (no turn), then, in a shared turn per shape, uploaded, its models built and a
     #    first call made on a copy of the inputs: JIT compilation and autotuning stay out of the measuring turn.
+    #    While Triton compiles, the shared turn is lent back, so that it does not hold off other measurements.
+    lend_turns_while_compiling()
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
     staged = []
     for shape in spec["shapes"]:

@@ -24,6 +24,17 @@ def prepare_device(device: str) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+# The turn this process holds ("S" or "A"), and whether a shared one is lent back while Triton compiles.
+_turn = {"held": None, "lent": False}
+
+
+def _take(kind: bytes) -> None:
+    request, grant = _TURN_FDS
+    os.write(request, kind)
+    if os.read(grant, 1) != b"G":
+        raise RuntimeError("the device gate closed before granting a turn")
+
+
 @contextmanager
 def device_turn(shared: bool = False) -> Iterator[None]:
     """A turn on the evaluation device (sandbox/gate.py): exclusive for measuring (no other work of ours on the
@@ -32,14 +43,43 @@ def device_turn(shared: bool = False) -> Iterator[None]:
     if _TURN_FDS is None:
         yield
         return
-    request, grant = _TURN_FDS
-    os.write(request, b"S" if shared else b"A")
-    if os.read(grant, 1) != b"G":
-        raise RuntimeError("the device gate closed before granting a turn")
+    kind = b"S" if shared else b"A"
+    _take(kind)
+    _turn.update(held=kind, lent=False)
     try:
         yield
     finally:
-        os.write(request, b"R")
+        lent = _turn["lent"]
+        _turn.update(held=None, lent=False)
+        if not lent:  # a compile that failed never took its turn back
+            os.write(_TURN_FDS[0], b"R")
+
+
+def lend_turns_while_compiling() -> None:
+    """While Triton compiles a kernel (CPU work: its passes and ptxas, ~1.5 s on the H200), give a shared turn
+    back, and take it again before the kernel is loaded and launched: a shared turn holds off every measurement
+    on the device, and a first call compiles for seconds. An exclusive turn is never lent (it is measuring). Uses
+    Triton's compile hooks (called before and after each compilation); without them, nothing changes."""
+    if _TURN_FDS is None:
+        return
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton, or one without knobs: the turn is held through compiles, as before
+        return
+
+    def before_compile(*args, **kwargs) -> bool:
+        if _turn["held"] == b"S" and not _turn["lent"]:
+            os.write(_TURN_FDS[0], b"R")
+            _turn["lent"] = True
+        return False  # False: compile (True would tell Triton to skip it)
+
+    def after_compile(*args, **kwargs) -> None:
+        if _turn["lent"]:
+            _take(b"S")
+            _turn["lent"] = False
+
+    knobs.runtime.jit_cache_hook = before_compile
+    knobs.runtime.jit_post_compile_hook = after_compile
 
 
 def device_memory_freed() -> None:
