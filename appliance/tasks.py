@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from appliance import parsing
 from appliance.errors import TaskError
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -189,7 +190,7 @@ def load_task(path: str | Path) -> Task:
 
 def _parse(source: str, where: str) -> ast.Module:
     try:
-        return ast.parse(source, filename=where)
+        return parsing.parse(source, filename=where)
     except SyntaxError as e:
         raise TaskError(where, f"syntax error: {e.msg}", e.lineno) from None
 
@@ -294,7 +295,7 @@ def _eval_size_expr(expr: str, sizes: dict[str, int], where: str) -> float:
         raise TaskError(where, f"expression {expr!r}: only numbers, sizes and + - * / // ** are allowed")
 
     try:
-        tree = ast.parse(expr, mode="eval")
+        tree = parsing.parse(expr, mode="eval")
     except SyntaxError:
         raise TaskError(where, f"expression {expr!r} is not valid arithmetic") from None
     try:

@@ -11,6 +11,8 @@ import hashlib
 import re
 import textwrap
 
+from appliance import parsing
+
 MAX_SOURCE_BYTES = 200_000
 PYTHON_FENCE_LANGS = ("", "python", "py", "python3")
 
@@ -48,7 +50,7 @@ def normalize_source(source: str) -> str:
     """Canonical form used to detect duplicate candidates: the ast unparsed without comments, formatting or docstrings;
     whitespace-collapsed text when the source does not parse."""
     try:
-        tree = ast.parse(source)
+        tree = parsing.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return " ".join(source.split())
     for node in ast.walk(tree):
@@ -198,7 +200,7 @@ def _validate(source: str) -> None:
     if size > MAX_SOURCE_BYTES:
         raise EditError(f"candidate is {size} bytes; the limit is {MAX_SOURCE_BYTES}")
     try:
-        tree = ast.parse(source)
+        tree = parsing.parse(source)
     except SyntaxError as e:
         text = f": {e.text.strip()[:80]!r}" if e.text and e.text.strip() else ""
         raise EditError(f"candidate does not parse: line {e.lineno}: {e.msg}{text}") from None

@@ -42,6 +42,7 @@ import math
 import random
 import re
 
+from appliance import parsing
 from appliance.proposers.base import Measured, PromptContext, Proposal
 from appliance.proposers.edits import source_hash
 
@@ -247,7 +248,8 @@ class TuneProposer:
         except TuneError as e:
             return [self._failure(f"bad_tunables: {e}")]
         if not tunables:
-            why = "its TUNABLES dict is empty" if _declaration(ast.parse(parent)) else "it declares no TUNABLES dict"
+            declared = _declaration(parsing.parse(parent))
+            why = "its TUNABLES dict is empty" if declared else "it declares no TUNABLES dict"
             return [self._failure(f"no_tunables: the parent has nothing to tune: {why}")]
         taken = set(seen or ()) | {source_hash(parent)}
         proposals: list[Proposal] = []
@@ -300,7 +302,7 @@ class TuneProposer:
 
 def _parse(source: str) -> ast.Module:
     try:
-        return ast.parse(source)
+        return parsing.parse(source)
     except SyntaxError as e:
         raise TuneError(f"source does not parse: line {e.lineno}: {e.msg}") from None
     except (ValueError, RecursionError, MemoryError) as e:

@@ -41,7 +41,8 @@ def test_tuner_run_proposes_evaluates_and_keeps_the_best(appliance, home):
     assert summary["seed"]["proposer"] == "seed" and summary["best"]["speedup_vs_eager"] > 0
     cands = rows(home, "SELECT id, parent_id, proposer, status, note FROM candidate ORDER BY id")
     assert cands[0][1:3] == (None, "seed")
-    assert all(c[1] == 1 and c[2] == "tune" and "->" in c[4] for c in cands[1:])  # children of the seed
+    # Settings changed, or (once two are timed) each shape given the settings fastest there.
+    assert all(c[2] == "tune" and ("->" in c[4] or c[4].startswith("per shape: ")) for c in cands[1:]), cands
     assert {c[3] for c in cands} == {"evaluated"}
     # One task, many candidates: inputs and baselines are prepared once and reused by the later candidates.
     prepare_s = [json.loads(d)["wall_s"]["prepare"] for (d,) in rows(home, "SELECT details FROM evaluation ORDER BY id")]
@@ -130,7 +131,10 @@ def test_llm_proposer_against_real_vllm(appliance, home, monkeypatch):
     monkeypatch.setenv("APPLIANCE_LLM_URL", url)
     monkeypatch.setenv("APPLIANCE_LLM_MODEL", os.environ.get("APPLIANCE_TEST_LLM_MODEL", "smollm2-135m"))
     monkeypatch.setenv("APPLIANCE_LLM_MAX_TOKENS", "256")  # the test model's window is 2,048 tokens
-    code, summary = optimize(appliance, str(SOFTMAX), "--proposer", "llm", "--max-candidates", "3",
+    # A small task and seed: the bundled softmax baseline and its feedback no longer fit that window with the
+    # prompt's instructions (the server rejects such a request, and the run records it as llm_rejected).
+    code, summary = optimize(appliance, str(REPO / "tests/fixtures/tasks/rowsoftmax.py"), "--from",
+                             str(candidate("good")), "--proposer", "llm", "--max-candidates", "3",
                              "--max-tokens", "20000")
     assert code == 0, summary
     assert summary["status"] == "finished" and summary["usage"]["llm_tokens"] > 0
@@ -172,7 +176,8 @@ def test_an_llm_run_without_a_seed_starts_from_the_reference(appliance, home, mo
 
 def test_a_tuner_run_without_a_seed_says_what_to_give(appliance, home):
     result = appliance("optimize", str(REPO / "tests/fixtures/tasks/rowsoftmax.py"), "--proposer", "tune", *FAST)
-    assert result.exit_code != 0 and "--from FILE" in result.output and "--proposer llm" in result.output
+    said = " ".join(result.output.split())  # the console wraps lines where the path's length puts them
+    assert result.exit_code != 0 and "--from FILE" in said and "--proposer llm" in said, said
 
 
 def test_the_tuner_gives_each_shape_the_settings_that_were_fastest_there(appliance, home):
