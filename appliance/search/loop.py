@@ -9,6 +9,7 @@ evaluations.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -133,12 +134,17 @@ class Optimizer:
                         self.metrics.queue_depth.set(len(queued))
                     free = _free_slots(slots, [p for _, p in in_flight.values()])
                     room = self._room() - len(in_flight)
-                    for candidate, pipeline in zip(queued[:max(room, 0)], free):
+                    starting = list(zip(queued[:max(room, 0)], free))
+                    for candidate, pipeline in starting:
                         self.store.set_candidate_status(candidate.id, "evaluating")
                         in_flight[pool.submit(self._evaluate_one, candidate, pipeline)] = (candidate, pipeline)
-                    spare = len(free) > len(queued) and room > len(queued)
+                    # Slots still empty: a generation fills them all (not just `batch` of them), else a run with
+                    # many slots ramps up one slot per verdict and most of its slots idle through a short run.
+                    empty = min(len(free), max(room, 0)) - len(starting)
+                    size = max(self.config.batch, empty)
+                    spare = empty > 0
                     if not in_flight:
-                        if not self._propose_generation():
+                        if not self._propose_generation(size):
                             self.state["barren"] = self.state.get("barren", 0) + 1
                             if self.state["barren"] >= BARREN_GENERATIONS:
                                 self.log(f"{BARREN_GENERATIONS} generations in a row gave nothing new to evaluate: "
@@ -148,7 +154,7 @@ class Optimizer:
                     else:
                         if spare and proposed_after < recorded and self._has_parent():
                             proposed_after = recorded
-                            self._propose_generation()  # fills the spare slots while the others evaluate
+                            self._propose_generation(size)  # fills the spare slots while the others evaluate
                         done, _ = wait(in_flight, timeout=1.0, return_when=FIRST_COMPLETED)
                         for future in done:
                             candidate, _ = in_flight.pop(future)
@@ -275,8 +281,9 @@ class Optimizer:
 
     # --- proposals ---
 
-    def _propose_generation(self) -> bool:
-        """Propose one generation; False when it queued nothing new to evaluate (only failures or duplicates)."""
+    def _propose_generation(self, size: int = 0) -> bool:
+        """Propose one generation of `size` (at least config.batch) proposals; False when it queued nothing new to
+        evaluate (only failures or duplicates)."""
         self.rng = random.Random(f"{self.config.seed}-{self.state['generation']}")
         db = self._database()
         generation = self.state["generation"]
@@ -285,20 +292,23 @@ class Optimizer:
         for t in self.store.run_timings(self.run_id):
             timings.setdefault(t.evaluation_id, []).append(t)
         measured = self._measured(db, timings)
-        slots = []  # (island, parent, prompt context): chosen in order, so a seed gives the same choices
-        for slot in range(self.config.batch):
+        # Parents chosen slot by slot, in order (so a seed gives the same choices); one request per parent for as
+        # many proposals as slots chose it, so that a tuner's proposals for one parent differ from each other.
+        groups: dict[int, tuple[Entry, list[int]]] = {}  # parent id -> (parent, the islands of its slots)
+        for slot in range(max(size, self.config.batch)):
             island = (generation * self.config.batch + slot) % self.config.islands
             parent = db.select_parent(island, self.config.exploit) or self._starting_point(db)
             if parent is None:
                 self.log("no passing candidate to build on: the seed candidate failed the gate")
                 return False
-            slots.append((island, parent, self._context(db, parent, measured, timings)))
-        # Every slot's request in flight at once (an LLM answers several prompts in parallel).
-        with ThreadPoolExecutor(len(slots)) as pool:
-            answers = list(pool.map(lambda slot: self._ask(slot[2], 1, set(seen)), slots))
+            groups.setdefault(parent.candidate.id, (parent, []))[1].append(island)
+        asks = [(parent, islands, self._context(db, parent, measured, timings)) for parent, islands in groups.values()]
+        # Every request in flight at once (an LLM answers several prompts in parallel).
+        with ThreadPoolExecutor(len(asks)) as pool:
+            answers = list(pool.map(lambda ask: self._ask(ask[2], len(ask[1]), set(seen)), asks))
         queued_any = False
-        for (island, parent, _), proposals in zip(slots, answers):
-            for proposal in proposals:
+        for (parent, islands, _), proposals in zip(asks, answers):
+            for island, proposal in zip(itertools.cycle(islands), proposals):
                 queued = self._store_proposal(proposal, parent, island, generation, seen)
                 queued_any = queued_any or queued
         self.state["generation"] = generation + 1
