@@ -18,7 +18,7 @@ def completion(content: str, finish: str = "stop", prompt_tokens: int = 11, comp
 
 class FakeLLM(ThreadingHTTPServer):
     """Answers each chat request with the next behaviour (the last one repeats): "hang", "drop" (close without an
-    answer), an HTTP status code, a JSON body (dict) or an HTML one (other str). Records the requests and how many were in flight at once."""
+    answer), an HTTP status code, (status, error message), a JSON body (dict) or an HTML one (other str). Records the requests and how many were in flight at once."""
 
     def __init__(self, *behaviours, delay_s: float = 0.0, health: bool = True, max_model_len: int | None = None):
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -76,6 +76,8 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # HTTP/1.0: returning without a response closes the connection
         elif isinstance(what, int):
             self._json(what, {"error": {"message": "boom", "type": "InternalServerError"}})
+        elif isinstance(what, tuple):  # (status, message): an error the way vLLM words it
+            self._json(what[0], {"error": {"message": what[1], "type": "BadRequestError"}})
         elif isinstance(what, str):  # e.g. a proxy's HTML page
             self.send_response(200)
             self.send_header("Content-Type", "text/html")

@@ -21,6 +21,7 @@ from appliance.proposers import edits
 from appliance.proposers.base import Example, PromptContext, Proposal
 
 PROMPTS = Path(__file__).parent / "prompts"
+LEFT_OUT = "(left out: the whole prompt did not fit the model's context window)"
 FIELDS = ("task_name", "task_source", "device", "backends", "parent_label", "parent_source", "parent_feedback",
           "inspirations", "history")
 
@@ -49,21 +50,32 @@ class LLMProposer:
         self._requests = itertools.count()
 
     def propose(self, ctx: PromptContext, n: int) -> list[Proposal]:
-        fields = prompt_fields(ctx)
-        messages = [{"role": "system", "content": self.system.substitute(fields)},
-                    {"role": "user", "content": self.user.substitute(fields)}]
+        prompts = [self._messages(prompt_fields(ctx))]
+        if ctx.inspirations or ctx.history:  # what to send when the whole prompt does not fit the model's window
+            prompts.append(self._messages(prompt_fields(ctx) | {"inspirations": LEFT_OUT, "history": LEFT_OUT}))
         seeds = [None if self.settings.seed is None else self.settings.seed + next(self._requests) for _ in range(n)]
         with ThreadPoolExecutor(max_workers=max(1, min(self.settings.concurrency, n))) as pool:
-            return list(pool.map(lambda seed: self._one(ctx.parent.source, messages, seed), seeds))
+            return list(pool.map(lambda seed: self._one(ctx.parent.source, prompts, seed), seeds))
 
-    def _one(self, parent_source: str, messages: list[dict], seed: int | None) -> Proposal:
+    def _messages(self, fields: dict[str, str]) -> list[dict]:
+        return [{"role": "system", "content": self.system.substitute(fields)},
+                {"role": "user", "content": self.user.substitute(fields)}]
+
+    def _one(self, parent_source: str, prompts: list[list[dict]], seed: int | None) -> Proposal:
         s = self.settings
         start = time.perf_counter()
-        try:
-            reply = self.client.chat.completions.create(model=s.model, messages=messages, max_tokens=s.max_tokens,
-                                                        temperature=s.temperature, seed=seed)
-        except openai.OpenAIError as e:
-            return Proposal(None, self.name, failure=describe_error(e, s), latency_s=time.perf_counter() - start)
+        for i, messages in enumerate(prompts):
+            try:
+                reply = self.client.chat.completions.create(model=s.model, messages=messages,
+                                                            max_tokens=s.max_tokens, temperature=s.temperature,
+                                                            seed=seed)
+                break
+            except openai.BadRequestError as e:
+                if i + 1 < len(prompts) and "context length" in str(e.message).lower():
+                    continue  # too long for the model's window: again without inspirations and history
+                return Proposal(None, self.name, failure=describe_error(e, s), latency_s=time.perf_counter() - start)
+            except openai.OpenAIError as e:
+                return Proposal(None, self.name, failure=describe_error(e, s), latency_s=time.perf_counter() - start)
         latency = time.perf_counter() - start
         usage = getattr(reply, "usage", None)
         proposal = Proposal(None, self.name, latency_s=latency, tokens_in=getattr(usage, "prompt_tokens", 0) or 0,
@@ -83,6 +95,8 @@ class LLMProposer:
                 proposal.failure = f"bad_reply: {e}"
             return proposal
         proposal.note = _summary(text)
+        if messages is not prompts[0]:
+            proposal.note = f"(short prompt: the whole one did not fit {s.model}'s window) {proposal.note}"
         return proposal
 
 

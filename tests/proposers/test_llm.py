@@ -188,3 +188,17 @@ def test_real_vllm_rejects_unknown_model():
     [p] = LLMProposer(real_settings(model="no-such-model")).propose(ctx(), 1)
     assert p.source is None and p.failure.startswith("llm_rejected: HTTP 404"), p.failure
     assert "no-such-model" in p.failure
+
+
+def test_a_prompt_too_long_for_the_window_is_sent_again_without_inspirations_and_history(fake_llm):
+    too_long = (400, "This model's maximum context length is 2048 tokens. However, your prompt contains at least "
+                     "2049 input tokens.")
+    server = fake_llm(too_long, completion(DIFF_REPLY))
+    [p] = proposer(server.url).propose(ctx(), 1)
+    assert p.source is not None and p.note.startswith("(short prompt: "), (p.failure, p.note)
+    full, short = (r["messages"][-1]["content"] for r in server.requests)
+    assert "Inspiration 1" in full and "tl.foo" in full
+    assert "Inspiration 1" not in short and "tl.foo" not in short and "left out" in short and PARENT.strip() in short
+    # Still too long without them: a recorded rejection, never an exception.
+    [p] = proposer(fake_llm(too_long).url).propose(ctx(), 1)
+    assert p.source is None and p.failure.startswith("llm_rejected: HTTP 400") and "context length" in p.failure
