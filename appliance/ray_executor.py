@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import socket
 import tempfile
 import threading
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 from appliance.errors import InfrastructureError, TaskError
-from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent
+from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent, remove_tree
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 
@@ -209,4 +208,4 @@ class EvaluationWorker:
 
     def close(self) -> None:
         self.pipeline.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_tree(self.dir)

@@ -29,7 +29,6 @@ import dataclasses
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import stat
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
-from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent
+from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent, remove_tree
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
@@ -135,7 +134,7 @@ class WorkerServer:
         try:
             listener = Listener(str(self.path), "AF_UNIX", backlog=64)  # the handshake is per connection, below
         except OSError as e:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            remove_tree(self.dir)
             raise InfrastructureError(f"cannot listen on {self.path}: {e}") from None
         os.chmod(self.path, 0o600)
 
@@ -170,7 +169,7 @@ class WorkerServer:
                 self.idle.wait_for(lambda: self.in_flight == 0)
             for p in self.pipelines.values():
                 p.close()
-            shutil.rmtree(self.dir, ignore_errors=True)
+            remove_tree(self.dir)
             self.log("stopped")
 
     def _watch_parent(self, parent: int) -> None:

@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import stat
+import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -156,7 +157,7 @@ class Pipeline:
             return self._run(task, candidate_path, job, device, mode, base, backends)
         finally:
             if not s.keep_job_dir:
-                shutil.rmtree(job, ignore_errors=True)
+                remove_tree(job)
 
     def prepare(self, task: Task) -> None:
         """Make and keep the task's inputs and baselines now (with reuse_inputs), so that the first candidate sent
@@ -332,13 +333,8 @@ class Pipeline:
         # Out of device memory beside other evaluations may be their doing, not the candidate's (the budget holds
         # estimates, and a neighbour may allocate more than its own): once more, alone (None: admitted only when
         # nothing else is resident); that run's verdict stands.
-        if _out_of_memory(cand) and (run.turns or {}).get("neighbours"):
+        if _out_of_memory(cand) and (run.turns or {}).get("neighbours") and _emptied(dirs["outputs"]):
             details["retried_alone"] = str(cand.get("reason"))
-            for entry in dirs["outputs"].iterdir():  # emptied in place: the waiting check has it mounted
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
             (dirs["candidate"] / "result.json").unlink(missing_ok=True)
             run, cand = once(None)
         return run, cand
@@ -440,7 +436,7 @@ def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: 
             raise TaskError(files["path"], e.message, e.line) from None
         raise
     finally:
-        shutil.rmtree(job, ignore_errors=True)
+        remove_tree(job)
     outcome.reason = outcome.reason.replace(str(path), display_path)
     return outcome
 
@@ -617,6 +613,29 @@ def resident_estimate(inputs_dir: Path, spec: dict, prepared_shapes: list[dict])
     candidate = 2 * inputs + largest_set + 2 * outputs + PROCESS_ALLOWANCE_BYTES
     check = inputs + outputs + int(largest_f64) + PROCESS_ALLOWANCE_BYTES
     return candidate, check
+
+
+def remove_tree(path: Path) -> None:
+    """rm -rf for folders a candidate wrote into: shutil.rmtree recurses in Python (3.11), so a tree a few thousand
+    levels deep raises RecursionError, which ignore_errors does not cover; rm does not recurse on the stack."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(["rm", "-rf", "--", str(path)], check=False)
+
+
+def _emptied(folder: Path) -> bool:
+    """Empty a folder the candidate wrote, in place (the waiting check has it mounted); False when something in it
+    cannot be removed (a tree too deep for rmtree, a folder it made unreadable): then there is no retry."""
+    try:
+        for entry in folder.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    except (OSError, RecursionError):
+        return False
+    return True
 
 
 def _out_of_memory(result: dict | None) -> bool:

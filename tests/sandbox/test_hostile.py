@@ -214,6 +214,13 @@ def test_writes_outside_the_job_leave_nothing_on_the_host(appliance, softmax_tas
     assert list((home / "jobs").iterdir()) == []  # the job directory itself is gone too
 
 
+def test_a_tree_too_deep_for_rmtree_costs_the_candidate_its_verdict_not_the_run(appliance, softmax_task, home, tmp_path):
+    code, result = appliance.eval_json(softmax_task, hostile("deep_tree", tmp_path))
+    assert code == 1 and result["verdict"] == "runtime_error", result
+    assert "left a deep tree behind" in result["reason"]
+    assert list((home / "jobs").iterdir()) == []  # removed all the same
+
+
 # --- processes --------------------------------------------------------------------------------------------------------
 
 
