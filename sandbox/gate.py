@@ -21,6 +21,7 @@ while those holding GPU memory are bounded by the budget.
       blocks reading its grant pipe          <-    writes b"G"
       ... GPU work ...
       writes b"R"                            ->    releases the turn (still resident)
+      (a shared turn lent while Triton compiles: b"R", then b"C" takes it back ahead of waiting exclusive turns)
       ... more turns; then frees its memory
       writes b"F"                            ->    residency ends; a later request is admitted again
 
@@ -120,7 +121,9 @@ class DeviceGate:
         with self._cond:
             return len(self._arrivals)
 
-    def acquire(self, record: TurnRecord, exclusive: bool = True) -> tuple[bool, float, int | None]:
+    def acquire(self, record: TurnRecord, exclusive: bool = True, ahead: bool = False) -> tuple[bool, float, int | None]:
+        """`ahead`: a shared turn taken back after it was lent for a compile goes before waiting exclusive turns
+        (it waits only for one that holds the device), so a first call is not held up once per kernel it compiles."""
         t0 = time.monotonic()
         with self._cond:
             if exclusive:
@@ -129,7 +132,7 @@ class DeviceGate:
                 self._exclusive_waiting -= 1
                 self._exclusive = True
             else:
-                self._cond.wait_for(lambda: not self._exclusive and self._exclusive_waiting == 0)
+                self._cond.wait_for(lambda: not self._exclusive and (ahead or self._exclusive_waiting == 0))
                 self._shared += 1
         now = time.monotonic()
         record.turns += 1
@@ -200,11 +203,11 @@ class TurnChannel:
         try:
             while chunk := os.read(self._request_r, 64):
                 for byte in chunk:
-                    if byte in (ord("A"), ord("S")) and held is None:
+                    if byte in (ord("A"), ord("S"), ord("C")) and held is None:
                         if not resident:  # admitted before the turn; a resident never waits here
                             self.gate.admit(self.record, self.resident_bytes)
                             resident = True
-                        held = self.gate.acquire(self.record, exclusive=byte == ord("A"))
+                        held = self.gate.acquire(self.record, exclusive=byte == ord("A"), ahead=byte == ord("C"))
                         try:
                             os.write(self._grant_w, b"G")
                         except OSError:  # the process died while it waited: give the turn straight back

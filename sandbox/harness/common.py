@@ -8,6 +8,7 @@ import os
 import platform
 import socket
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,8 +25,10 @@ def prepare_device(device: str) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
-# The turn this process holds ("S" or "A"), and whether a shared one is lent back while Triton compiles.
+# The turn this process holds ("S" or "A"), and whether a shared one is lent back while Triton compiles (threads
+# of one process may compile at once: the lock keeps lending and taking back in step).
 _turn = {"held": None, "lent": False}
+_turn_lock = threading.Lock()
 
 
 def _take(kind: bytes) -> None:
@@ -68,18 +71,27 @@ def lend_turns_while_compiling() -> None:
         return
 
     def before_compile(*args, **kwargs) -> bool:
-        if _turn["held"] == b"S" and not _turn["lent"]:
-            os.write(_TURN_FDS[0], b"R")
-            _turn["lent"] = True
+        with _turn_lock:
+            if _turn["held"] == b"S" and not _turn["lent"]:
+                _finish_queued_work()  # what the call queued so far must not run into someone's measurement
+                os.write(_TURN_FDS[0], b"R")
+                _turn["lent"] = True
         return False  # False: compile (True would tell Triton to skip it)
 
     def after_compile(*args, **kwargs) -> None:
-        if _turn["lent"]:
-            _take(b"S")
-            _turn["lent"] = False
+        with _turn_lock:
+            if _turn["lent"]:
+                _take(b"C")  # back ahead of waiting exclusive turns: the kernel is about to be loaded and run
+                _turn["lent"] = False
 
     knobs.runtime.jit_cache_hook = before_compile
     knobs.runtime.jit_post_compile_hook = after_compile
+
+
+def _finish_queued_work() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def device_memory_freed() -> None:

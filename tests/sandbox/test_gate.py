@@ -304,3 +304,32 @@ def test_a_shared_turn_is_lent_back_while_triton_compiles_an_exclusive_one_is_no
     else:  # an exclusive turn is measuring: it is never lent, the measurement waited for it
         assert measured_at > log["compiled"], (log, measured_at)
         assert results[0].turns["turns"] == 1, results[0].turns
+
+
+def test_a_lent_turn_is_taken_back_ahead_of_waiting_measurements_but_not_during_one():
+    from sandbox.gate import TurnRecord
+
+    gate = DeviceGate()
+    def take_and_give_back(exclusive: bool) -> None:
+        record = TurnRecord()
+        gate.release(record, gate.acquire(record, exclusive=exclusive))
+
+    holder = gate.acquire(TurnRecord(), exclusive=False)  # someone's shared turn: a measurement has to wait
+    waiting = threading.Thread(target=take_and_give_back, args=(True,))
+    waiting.start()
+    _until(lambda: gate._exclusive_waiting == 1)
+    taken = []
+    taking = threading.Thread(target=lambda: taken.append(gate.acquire(TurnRecord(), exclusive=False, ahead=True)))
+    taking.start()
+    taking.join(timeout=10)
+    assert taken, "a turn taken back after a compile waited behind a measurement that had not started"
+    back = taken[0]
+    plain = threading.Thread(target=take_and_give_back, args=(False,))
+    plain.start()
+    time.sleep(0.2)
+    assert plain.is_alive()  # an ordinary shared turn queues behind the waiting measurement
+    gate.release(TurnRecord(), back)
+    gate.release(TurnRecord(), holder)
+    waiting.join(timeout=10)
+    plain.join(timeout=10)
+    assert not waiting.is_alive() and not plain.is_alive() and gate.idle()
