@@ -37,6 +37,7 @@ the proposer turns it, like an exhausted neighbourhood, into a recorded Proposal
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import math
 import random
@@ -140,43 +141,56 @@ def per_shape_proposal(parent: str, measured: list[Measured],
     """(source, note): the fastest at the main shape of the parent's family (measured candidates that differ from it
     only in settings), with TUNED_BY_SHAPE giving each other shape the settings that were fastest there. None when
     the parent has no table or the evidence changes nothing."""
-    if read_per_shape(parent) is None:
+    mine = _settings(parent)
+    if mine is None:
         return None
-    family = _family(parent)
-    members = [m for m in measured if m.main_ms and _family(m.source) == family]
+    members = [(m, _settings(m.source)) for m in measured if m.main_ms]
+    members = [(m, found) for m, found in members if found is not None and found[0] == mine[0]]
     if len(members) < 2:
         return None
-    base = min(members, key=lambda m: m.main_ms)
-    names = list(read_tunables(base.source))
-    constants, table = current_values(base.source), read_per_shape(base.source) or {}
+    base, (_, constants, table) = min(members, key=lambda member: member[0].main_ms)
 
-    def setting_at(source: str, shape: tuple) -> tuple:
-        values = current_values(source) | (read_per_shape(source) or {}).get(shape, {})
-        return tuple((name, repr(values[name])) for name in names)
+    def setting_at(found: tuple, shape: tuple) -> dict:
+        return found[1] | found[2].get(shape, {})
 
-    fastest: dict[tuple, dict[tuple, float]] = {}  # shape -> setting -> best time seen with it there
-    for m in members:
+    def key(values: dict) -> tuple:  # repr: True and 1 are different settings
+        return tuple((name, repr(v)) for name, v in sorted(values.items()))
+
+    fastest: dict[tuple, dict[tuple, tuple[float, dict]]] = {}  # shape -> setting -> (best time seen, the setting)
+    for m, found in members:
         for shape, ms in m.by_shape.items():
-            key = setting_at(m.source, shape)
+            values = setting_at(found, shape)
             times = fastest.setdefault(shape, {})
-            times[key] = min(ms, times.get(key, math.inf))
+            if ms < times.get(key(values), (math.inf,))[0]:
+                times[key(values)] = (ms, values)
     new_table, changes = dict(table), []
     for shape, times in sorted(fastest.items()):
-        own = times.get(setting_at(base.source, shape))
-        best_key = min(times, key=times.get)
-        if own is None or times[best_key] * min_gain >= own:
+        own = times.get(key(setting_at((None, constants, table), shape)))
+        best_ms, best = min(times.values(), key=lambda t: t[0])
+        if own is None or best_ms * min_gain >= own[0]:
             continue
-        best = dict(zip(names, (ast.literal_eval(text) for _, text in best_key)))
         entry = {name: v for name, v in best.items() if not _same(v, constants[name])}
         if entry:
             new_table[shape] = entry
         else:
             new_table.pop(shape, None)
         change = ", ".join(f"{n} {v!r}" for n, v in entry.items()) or "the constants"
-        changes.append(f"{shape}: {change} ({own:.3g} -> {times[best_key]:.3g} ms)")
+        changes.append(f"{shape}: {change} ({own[0]:.3g} -> {best_ms:.3g} ms)")
     if new_table == table:
         return None
     return with_per_shape(base.source, new_table), "per shape: " + "; ".join(changes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _settings(source: str) -> tuple[str, dict, dict] | None:
+    """(family, constants, per-shape table) of a source with a TUNED_BY_SHAPE table, else None (or unreadable).
+    Cached: a tuner asks this of every passing candidate of the run at each proposal. Callers must not change the
+    dicts."""
+    try:
+        table = read_per_shape(source)
+        return None if table is None else (_family(source), current_values(source), table)
+    except TuneError:
+        return None
 
 
 def _splice(source: str, spans: list[tuple[ast.expr, str]]) -> str:
