@@ -7,6 +7,7 @@ server's restarts and records what went wrong."""
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,8 @@ class LLMProposer:
         self.client = _client(settings)
         self.system, self.user = load_templates(settings.templates_dir)
         self._requests = itertools.count()
+        # The loop asks for several parents at once, each with n requests: `concurrency` bounds them all together.
+        self._in_flight = threading.BoundedSemaphore(max(1, settings.concurrency))
 
     def propose(self, ctx: PromptContext, n: int) -> list[Proposal]:
         prompts = [self._messages(prompt_fields(ctx))]
@@ -66,9 +69,10 @@ class LLMProposer:
         start = time.perf_counter()
         for i, messages in enumerate(prompts):
             try:
-                reply = self.client.chat.completions.create(model=s.model, messages=messages,
-                                                            max_tokens=s.max_tokens, temperature=s.temperature,
-                                                            seed=seed)
+                with self._in_flight:
+                    reply = self.client.chat.completions.create(model=s.model, messages=messages,
+                                                                max_tokens=s.max_tokens, temperature=s.temperature,
+                                                                seed=seed)
                 break
             except openai.BadRequestError as e:
                 if i + 1 < len(prompts) and "context length" in str(e.message).lower():

@@ -202,3 +202,14 @@ def test_a_prompt_too_long_for_the_window_is_sent_again_without_inspirations_and
     # Still too long without them: a recorded rejection, never an exception.
     [p] = proposer(fake_llm(too_long).url).propose(ctx(), 1)
     assert p.source is None and p.failure.startswith("llm_rejected: HTTP 400") and "context length" in p.failure
+
+
+def test_concurrency_bounds_the_requests_of_calls_made_at_once(fake_llm):
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = fake_llm(completion(DIFF_REPLY), delay_s=0.3)
+    llm = proposer(server.url, concurrency=2)
+    with ThreadPoolExecutor(3) as pool:  # as the loop asks for three parents at once, two proposals each
+        answers = list(pool.map(lambda _: llm.propose(ctx(), 2), range(3)))
+    assert all(p.source for proposals in answers for p in proposals)
+    assert len(server.requests) == 6 and server.max_in_flight == 2
