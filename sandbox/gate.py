@@ -60,6 +60,12 @@ class TurnRecord:
     joules: float | None = None  # None where no energy counter can be read (CPU, no NVML)
     resident_wait_s: float = 0.0  # waiting to be admitted (the memory budget)
     neighbours: int = 0  # the most other residents present at once while this process was resident
+    admitting_since: float | None = None  # monotonic time it began to wait for admission, while it waits
+
+    def admission_s(self) -> float:
+        """Seconds waited for admission so far, the wait in progress included."""
+        since = self.admitting_since
+        return self.resident_wait_s + (time.monotonic() - since if since is not None else 0.0)
 
     def as_dict(self) -> dict:
         return {"turns": self.turns, "wait_s": round(self.wait_s, 3), "held_s": round(self.held_s, 3),
@@ -88,6 +94,7 @@ class DeviceGate:
         """Wait until `nbytes` fit beside the residents (first come, first admitted); then `record` is resident.
         None asks for the whole device: admitted only when nothing else is resident, budget or not."""
         t0 = time.monotonic()
+        record.admitting_since = t0
         with self._cond:
             self._arrivals.append(record)
             self._cond.wait_for(lambda: self._arrivals[0] is record and self._fits(nbytes))
@@ -97,6 +104,7 @@ class DeviceGate:
                 r.neighbours = max(r.neighbours, len(self._residents) - 1)
             self._cond.notify_all()  # the next in line may fit as well
         record.resident_wait_s += time.monotonic() - t0
+        record.admitting_since = None
 
     def _fits(self, nbytes: int | None) -> bool:
         held = list(self._residents.values())

@@ -168,7 +168,7 @@ class Jail:
         out, err = _Drain(proc.stdout), _Drain(proc.stderr)
         timed_out = False
         try:
-            proc.wait(timeout=timeout_s)
+            _wait(proc, timeout_s, channel)
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
@@ -351,3 +351,20 @@ class _Drain:
 
     def text(self) -> str:
         return bytes(self.kept[-OUTPUT_TAIL:]).decode(errors="replace")
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, channel: TurnChannel | None) -> None:
+    """Wait for `proc` for `timeout_s` of its own time. Seconds it waited to be admitted to the device's memory
+    (sandbox/gate.py) are the other evaluations' doing, not its own: they extend the deadline, up to `timeout_s`
+    more (a backstop should admission never come)."""
+    start = time.monotonic()
+    while True:
+        queued = min(channel.record.admission_s(), timeout_s) if channel else 0.0
+        remaining = start + timeout_s + queued - time.monotonic()
+        if remaining <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        try:
+            proc.wait(timeout=min(remaining, 1.0) if channel else remaining)
+            return
+        except subprocess.TimeoutExpired:
+            continue

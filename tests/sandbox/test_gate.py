@@ -333,3 +333,18 @@ def test_a_lent_turn_is_taken_back_ahead_of_waiting_measurements_but_not_during_
     waiting.join(timeout=10)
     plain.join(timeout=10)
     assert not waiting.is_alive() and not plain.is_alive() and gate.idle()
+
+
+def test_waiting_for_admission_does_not_count_against_the_process_timeout(tmp_path):
+    from sandbox.gate import TurnRecord
+
+    gate = DeviceGate(memory_bytes=1)
+    neighbour = TurnRecord()
+    gate.admit(neighbour, 1)  # the budget is taken until the test lets go
+    threading.Timer(7.0, gate.leave, args=(neighbour,)).start()
+    (tmp_path / "job").mkdir()
+    code = "from sandbox.harness.common import device_turn\nwith device_turn(shared=True):\n    pass\n"
+    run = Jail().run([sys.executable, "-c", code], workdir=tmp_path / "job", gate=gate, resident_bytes=1,
+                     timeout_s=5)
+    assert not run.timed_out and run.returncode == 0, (run.stderr, run.turns)
+    assert run.turns["resident_wait_s"] > 1, run.turns  # it waited, and the wait was not held against it
