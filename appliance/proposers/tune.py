@@ -141,10 +141,10 @@ def per_shape_proposal(parent: str, measured: list[Measured],
     """(source, note): the fastest at the main shape of the parent's family (measured candidates that differ from it
     only in settings), with TUNED_BY_SHAPE giving each other shape the settings that were fastest there. None when
     the parent has no table or the evidence changes nothing."""
-    mine = _settings(parent)
+    mine = _family_settings(parent)
     if mine is None:
         return None
-    members = [(m, _settings(m.source)) for m in measured if m.main_ms]
+    members = [(m, _family_settings(m.source)) for m in measured if m.main_ms]
     members = [(m, found) for m, found in members if found is not None and found[0] == mine[0]]
     if len(members) < 2:
         return None
@@ -182,7 +182,7 @@ def per_shape_proposal(parent: str, measured: list[Measured],
 
 
 @functools.lru_cache(maxsize=4096)
-def _settings(source: str) -> tuple[str, dict, dict] | None:
+def _family_settings(source: str) -> tuple[str, dict, dict] | None:
     """(family, constants, per-shape table) of a source with a TUNED_BY_SHAPE table, else None (or unreadable).
     Cached: a tuner asks this of every passing candidate of the run at each proposal. Callers must not change the
     dicts."""

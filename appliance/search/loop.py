@@ -142,7 +142,6 @@ class Optimizer:
                     # many slots ramps up one slot per verdict and most of its slots idle through a short run.
                     empty = min(len(free), max(room, 0)) - len(starting)
                     size = max(self.config.batch, empty)
-                    spare = empty > 0
                     if not in_flight:
                         if not self._propose_generation(size):
                             self.state["barren"] = self.state.get("barren", 0) + 1
@@ -152,7 +151,7 @@ class Optimizer:
                                 status = "finished"
                                 break
                     else:
-                        if spare and proposed_after < recorded and self._has_parent():
+                        if empty > 0 and proposed_after < recorded and self._has_parent():
                             proposed_after = recorded
                             self._propose_generation(size)  # fills the spare slots while the others evaluate
                         done, _ = wait(in_flight, timeout=1.0, return_when=FIRST_COMPLETED)
