@@ -137,6 +137,7 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(softmax_task, t
     while pipeline.gate.waiting() == 0:  # the retry waits to be alone
         assert time.monotonic() < deadline and trying.is_alive(), outcomes and outcomes[0].reason
         time.sleep(0.01)
+    time.sleep(0.2)  # seen waiting within a poll: let the wait last long enough to show in its rounded record
     pipeline.gate.leave(neighbour)
     trying.join()
     pipeline.close()
