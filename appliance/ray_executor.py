@@ -28,6 +28,7 @@ from pathlib import Path
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent, remove_tree
 from appliance.tasks import RebuiltTasks, Task, task_files
+from appliance.search.loop import PROFILE_MIN_GAIN
 
 
 def _ray():
@@ -176,6 +177,9 @@ class EvaluationWorker:
         self.pipeline = Pipeline(Jail(unsafe_no_jail=unsafe, gpu=gpu), local, slots)
         self.pipeline.profile_if = self._profile_if
         self.local = threading.local()  # the profile threshold of the evaluation this thread runs
+        # The threshold left the controller with the evaluation, tens of seconds before it is used: meanwhile other
+        # evaluations here may have beaten it. Profiling each of those would hold the device ~10 s apiece.
+        self.best_profiled, self.profile_lock = 0.0, threading.Lock()
         self.host = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
         self.dir = Path(tempfile.mkdtemp(prefix="ray-worker-", dir=local.jobs_dir))
         self.tasks = RebuiltTasks(self.dir / "task")
@@ -196,9 +200,16 @@ class EvaluationWorker:
         return outcome
 
     def _profile_if(self, speedup: float | None) -> bool:
-        """Pipeline.profile_if in the actor: the controller's threshold, sent with the evaluation."""
+        """Pipeline.profile_if in the actor: the controller's threshold, sent with the evaluation, and a margin over
+        what this worker profiled since (the controller's threshold may be stale)."""
         above = getattr(self.local, "profile_above", None)
-        return above is None or (speedup is not None and speedup > above)
+        if above is None:
+            return True
+        with self.profile_lock:
+            if speedup is None or speedup <= max(above, PROFILE_MIN_GAIN * self.best_profiled):
+                return False
+            self.best_profiled = speedup
+            return True
 
     def prepare(self, files: dict) -> None:
         try:

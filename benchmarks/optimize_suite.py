@@ -3,7 +3,7 @@
 
     python benchmarks/optimize_suite.py [--tasks softmax,rmsnorm,layernorm] [--max-candidates 12] [--device auto]
                                         [--gpus 0 | --executor HOST:PORT] [--max-wall S] [--compare-naive]
-                                        [--in-flight N] [--out DIR]
+                                        [--naive-max N] [--in-flight N] [--out DIR]
 
 For each task: `appliance optimize benchmarks/tasks/T.py --proposer tune --json` in a fresh APPLIANCE_HOME
 (DIR/T-*), then the seed's and the best's stored timings (`appliance show ID --json`). One Markdown row per task,
@@ -137,7 +137,7 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
     if args.compare_naive:
         # The same sources the appliance evaluated, as files, through the KernelBench-style loop on one GPU.
         files = []
-        for cid, source in sources:
+        for cid, source in sources[:args.naive_max]:
             path = home / "naive" / f"candidate-{cid}.py"
             path.parent.mkdir(exist_ok=True)
             path.write_text(source)
@@ -157,6 +157,8 @@ def main() -> int:
     parser.add_argument("--gpus", default="0", help="evaluation GPUs, e.g. 0,1 (cuda only)")
     parser.add_argument("--max-wall", type=float, help="per task: the run's wall budget, seconds (fits a time slot)")
     parser.add_argument("--compare-naive", action="store_true")
+    parser.add_argument("--naive-max", type=int, help="--compare-naive on at most this many of the run's candidates "
+                        "(its rate is per candidate; fits a time slot)")
     parser.add_argument("--in-flight", type=int, help="evaluations in flight per device (default: the CLI's)")
     parser.add_argument("--executor", help="e.g. a Ray cluster's GCS address HOST:PORT (default: local workers on --gpus)")
     parser.add_argument("--out", type=Path, help="where run databases and results.md go (default: a temp dir)")

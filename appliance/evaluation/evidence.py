@@ -71,6 +71,10 @@ def impossible(ceilings: dict | None, flops: float | None, nbytes: float | None,
 
 # Nsight Compute: the sections whose raw metrics make the summary. Clocks are never touched (--clock-control none).
 NCU_SECTIONS = ("SpeedOfLight", "Occupancy", "WarpStateStats")
+# DRAM throughput, % of peak: the SpeedOfLight section's name for it in recent Nsight Compute (the H200 host's, where
+# the older name below is absent and was read as 0 %), then the older one.
+DRAM_METRICS = ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                "dram__throughput.avg.pct_of_peak_sustained_elapsed")
 STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
 
 
@@ -99,7 +103,7 @@ def ncu_summary(csv_text: str) -> dict:
         stalls = {k[len(STALL_PREFIX):-len(STALL_SUFFIX)]: num(k) for k in row
                   if k.startswith(STALL_PREFIX) and k.endswith(STALL_SUFFIX)}
         kernels.append({"name": row.get("Kernel Name", "?")[:80], "ns": num("gpu__time_duration.sum"),
-                        "dram_pct": num("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                        "dram_pct": num(next((k for k in DRAM_METRICS if k in row), DRAM_METRICS[0])),
                         "occupancy_pct": num("sm__warps_active.avg.pct_of_peak_sustained_active"), "stalls": stalls})
     if not kernels:
         return {"error": "Nsight Compute reported no kernel for the profiled call"}

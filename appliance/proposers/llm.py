@@ -43,6 +43,7 @@ class LLMSettings:
 
 class LLMProposer:
     name = "llm"
+    reads_profiles = True  # the prompt carries the Nsight Compute summary (search/database.py)
 
     def __init__(self, settings: LLMSettings):
         self.settings = settings

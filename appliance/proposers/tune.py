@@ -248,6 +248,7 @@ class TuneProposer:
     combinations; never a source whose hash is in `seen` or was already proposed in the same batch."""
 
     name = "tune"
+    reads_profiles = False  # its moves come from the declared tunables, whatever Nsight Compute says
 
     def __init__(self, rng: random.Random):
         self.rng = rng

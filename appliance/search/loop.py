@@ -10,6 +10,7 @@ evaluations.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -48,7 +49,7 @@ class OptimizeConfig:
     mode: str | None = None
     timing_budget_s: float = 1.0
     workers: int = 0  # evaluations in flight per device (0: pipeline.default_slots); measuring takes turns
-    profile: bool = True  # Nsight Compute summary for passing candidates (GPU only)
+    profile: bool = True  # Nsight Compute summary for new bests (GPU only), when the proposer reads it
 
     @classmethod
     def from_dict(cls, data: dict) -> OptimizeConfig:
@@ -78,7 +79,7 @@ class Optimizer:
         self.metrics, self.should_stop = metrics, should_stop
         self.failure_streak = 0  # infrastructure failures in a row
         for p in pipelines:
-            p.profile_if = ProfileNewBests(self)
+            p.profile_if = ProfileNewBests(self, enabled=getattr(proposer, "reads_profiles", True))
         if metrics:
             for p in pipelines:
                 metrics.worker_up(p.jail.gpu)
@@ -432,14 +433,17 @@ def config_dict(config: OptimizeConfig) -> dict:
 
 class ProfileNewBests:
     """Which passing candidates get an Nsight Compute profile (Pipeline.profile_if): those that beat the run's best
-    speedup by PROFILE_MIN_GAIN. A profile holds the device ~10 s on the H200, and a tuner run's many small steps
-    would otherwise spend more device time profiling than evaluating. Remote workers (Ray) cannot read the database:
-    they get `threshold()` with each evaluation instead."""
+    speedup by PROFILE_MIN_GAIN, and none when the proposer does not read profiles (`reads_profiles`: the tuner).
+    A profile holds the device exclusively ~10 s on the H200: on the H200 a tuner run that profiled its new bests spent
+    about half its device time on profiles no one read. Remote workers (Ray) cannot read the database: they get
+    `threshold()` with each evaluation instead (infinite when disabled)."""
 
-    def __init__(self, optimizer: Optimizer):
-        self.optimizer = optimizer
+    def __init__(self, optimizer: Optimizer, enabled: bool = True):
+        self.optimizer, self.enabled = optimizer, enabled
 
     def threshold(self) -> float:
+        if not self.enabled:
+            return math.inf
         o = self.optimizer
         best = summarize(o.store, o.run_id, o.state).best
         return PROFILE_MIN_GAIN * ((best or {}).get("speedup_vs_eager") or 0.0)

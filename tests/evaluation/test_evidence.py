@@ -57,6 +57,11 @@ def test_ncu_log_becomes_a_duration_weighted_summary():
                                                                              "the profiled call"}
 
 
+def test_ncu_summary_reads_the_dram_metric_under_its_newer_name():
+    newer = NCU_CSV.replace('"dram__throughput.', '"gpu__dram_throughput.')
+    assert abs(evidence.ncu_summary(newer)["dram_throughput_pct"] - (90.5 * 3 + 10.5) / 4) < 1e-9
+
+
 def test_ncu_command_never_touches_clocks():
     cmd = evidence.ncu_command("/usr/local/cuda/bin/ncu", "/tmp/x.csv")
     assert cmd[cmd.index("--clock-control") + 1] == "none"

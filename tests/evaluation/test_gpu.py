@@ -99,4 +99,4 @@ def test_gpu_evidence_cross_check_energy_roofline_and_ncu(appliance, softmax_tas
     assert evidence["launches_per_call"] == 1
     assert evidence["ceilings"]["measured"]["read_bytes_per_s"] > 1e12
     print("\nceilings", evidence["ceilings"], "\nncu", result["ncu"], "\ntiming", cand)
-    assert "dram_throughput_pct" in result["ncu"], result["ncu"]
+    assert result["ncu"]["dram_throughput_pct"] > 10, result["ncu"]  # a softmax at full size streams memory

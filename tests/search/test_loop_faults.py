@@ -44,11 +44,11 @@ def make_run(tmp_path, **config) -> tuple[Store, int, OptimizeConfig, str]:
     return store, run.id, cfg, seed
 
 
-def optimizer(store, run_id, cfg, tmp_path, pipeline) -> Optimizer:
+def optimizer(store, run_id, cfg, tmp_path, pipeline, proposer=None) -> Optimizer:
     from appliance.proposers.tune import TuneProposer
     import random
 
-    return Optimizer(store, run_id, load_task(SOFTMAX), [pipeline], TuneProposer(random.Random(0)), cfg,
+    return Optimizer(store, run_id, load_task(SOFTMAX), [pipeline], proposer or TuneProposer(random.Random(0)), cfg,
                      tmp_path / "work")
 
 
@@ -168,12 +168,27 @@ def test_a_run_whose_controller_on_another_host_stopped_beating_goes_back_to_the
     assert time.time() - store.get_run(runs["silent"]).state["heartbeat"] < 60
 
 
+class ProfileReadingTuner:
+    """A proposer that, like the LLM's, reads the Nsight Compute summary (the tuner's moves, no network)."""
+    reads_profiles = True
+
+    def __init__(self):
+        import random
+
+        from appliance.proposers.tune import TuneProposer
+
+        self.inner = TuneProposer(random.Random(0))
+
+    def propose(self, ctx, n, seen=None):
+        return self.inner.propose(ctx, n, seen)
+
+
 def test_a_new_best_is_profiled_only_past_the_gain_threshold_which_remote_workers_receive(tmp_path):
     from appliance.search.loop import PROFILE_MIN_GAIN, ProfileNewBests
 
     store, run_id, cfg, _ = make_run(tmp_path, max_candidates=1)
     pipeline = Pipeline(Jail(), settings(tmp_path))
-    opt = optimizer(store, run_id, cfg, tmp_path, pipeline)
+    opt = optimizer(store, run_id, cfg, tmp_path, pipeline, ProfileReadingTuner())
     policy = pipeline.profile_if
     assert isinstance(policy, ProfileNewBests)
     assert policy.threshold() == 0.0 and policy(1.01) and not policy(None)  # nothing evaluated yet: any speedup
@@ -181,3 +196,31 @@ def test_a_new_best_is_profiled_only_past_the_gain_threshold_which_remote_worker
     best = opt.summary().best["speedup_vs_eager"]
     assert policy.threshold() == pytest.approx(PROFILE_MIN_GAIN * best)
     assert policy(best * (PROFILE_MIN_GAIN + 0.01)) and not policy(best * 1.01)
+
+
+def test_a_run_whose_proposer_reads_no_profiles_profiles_nothing_and_tells_remote_workers_so(tmp_path):
+    store, run_id, cfg, _ = make_run(tmp_path, max_candidates=1)
+    pipeline = Pipeline(Jail(), settings(tmp_path))
+    optimizer(store, run_id, cfg, tmp_path, pipeline)  # the tuner
+    assert pipeline.profile_if.threshold() == float("inf") and not pipeline.profile_if(1e6)
+
+
+def test_a_ray_worker_does_not_profile_what_its_own_earlier_profiles_already_beat():
+    """The threshold travels with the evaluation and may be stale when it is used: the worker also asks for a
+    margin over what it profiled since."""
+    import threading
+    from types import SimpleNamespace
+
+    from appliance.ray_executor import EvaluationWorker
+    from appliance.search.loop import PROFILE_MIN_GAIN
+
+    worker = SimpleNamespace(local=threading.local(), best_profiled=0.0, profile_lock=threading.Lock())
+    decide = lambda speedup, above: (setattr(worker.local, "profile_above", above),  # noqa: E731
+                                     EvaluationWorker._profile_if(worker, speedup))[1]
+    assert decide(2.0, 1.5)  # beats the controller's threshold
+    assert not decide(2.0 * (PROFILE_MIN_GAIN - 0.01), 1.5)  # ... and so did the first, by too little since
+    assert decide(2.0 * (PROFILE_MIN_GAIN + 0.01), 1.5)
+    assert not decide(10.0, float("inf"))  # the controller's proposer reads no profiles
+    assert not decide(None, 0.0)
+    worker.local.profile_above = None  # sent without a threshold (a plain evaluation): profile as asked
+    assert EvaluationWorker._profile_if(worker, None)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Evaluations per hour on one GPU vs two through the Ray executor, on one two-GPU host (issue 8's target: >= 1.8x).
+# For each GPU count: a fresh Ray head lending that many GPUs, one tuner run of TASK on it for MAX_WALL seconds
+# (benchmarks/optimize_suite.py --executor), the head stopped. Compare the "steady evals / h" column: it starts once
+# every GPU had its first verdict, so the run's one-off start-up (inputs, baselines, the seed alone) is left out.
+#
+#   source scripts/gpu_env.sh && source scripts/gpu_ray_env.sh
+#   bash benchmarks/ray_scaling.sh OUT_DIR [TASK=rmsnorm] [MAX_WALL=200] [GPU_COUNTS="1 2"] [optimize_suite args...]
+set -uo pipefail
+out=${1:?OUT_DIR}; task=${2:-rmsnorm}; max_wall=${3:-200}; counts=${4:-1 2}; shift $(( $# < 4 ? $# : 4 ))
+mkdir -p "$out"
+for n in $counts; do
+  python3 -m ray.scripts.scripts start --head --port 6379 --num-gpus "$n" --include-dashboard false \
+    --disable-usage-stats >"$out/ray-head-$n.log" 2>&1 || { echo "ray head ($n GPUs) failed"; tail "$out/ray-head-$n.log"; continue; }
+  python3 benchmarks/optimize_suite.py --tasks "$task" --executor 127.0.0.1:6379 --max-candidates 1000 \
+    --max-wall "$max_wall" --out "$out/gpus-$n" "$@"
+  python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+done
