@@ -10,8 +10,8 @@ For each task: `appliance optimize benchmarks/tasks/T.py --proposer tune --json`
 printed as soon as the task is done (also appended to DIR/results.md). --compare-naive evaluates the same candidate
 sources with benchmarks/naive_harness.py (KernelBench-style: one fresh process per candidate, main shape only)
 and shows both throughputs. Evaluations per GPU-hour = evaluated / (wall hours x GPUs used), start-up included;
-steady evaluations per hour: once every GPU had its first verdict (see steady_rate). The naive harness
-uses one GPU (the first of --gpus).
+steady evaluations per hour: all GPUs together, over the middle half of the verdicts (see steady_rate). The naive
+harness uses one GPU (the first of --gpus).
 """
 
 from __future__ import annotations
@@ -59,17 +59,17 @@ def main_timing(home: Path, evaluation_id: int | None) -> dict:
 
 
 def steady_rate(verdicts: list[tuple[datetime, int | None]]) -> float | None:
-    """Evaluations per hour (all GPUs together) once every GPU of the run had its first verdict: from that verdict to
-    the last one. Without the start-up (inputs prepared, baselines timed, the seed evaluated alone) it shows how the
-    rate scales with GPUs; None when too few verdicts followed."""
-    firsts = {}
-    for t, gpu in verdicts:
-        firsts.setdefault(gpu, t)
-    start = max(firsts.values(), default=None)
-    after = [t for t, _ in verdicts if t > start] if start else []
-    if len(after) < 2:
+    """Evaluations per hour (all GPUs together) over the middle half of the run's verdicts: from the one at the first
+    quartile to the one at the third. It leaves out the start-up (inputs prepared, baselines timed, the seed evaluated
+    alone, the slots filling) and the drain (no new evaluation once a budget is spent) alike, whatever the number of
+    GPUs, so it shows how the rate scales with them. (Starting once every GPU had a first verdict favoured more GPUs:
+    on one GPU that start is the seed's verdict, before the slots fill.) None with fewer than 8 verdicts."""
+    times = sorted(t for t, _ in verdicts)
+    if len(times) < 8:
         return None
-    return len(after) / ((after[-1] - start).total_seconds() / 3600)
+    first, last = len(times) // 4, 3 * len(times) // 4
+    seconds = (times[last] - times[first]).total_seconds()
+    return (last - first) / (seconds / 3600) if seconds > 0 else None
 
 
 def where_time_went(details: list[dict]) -> str:
