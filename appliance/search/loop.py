@@ -24,6 +24,7 @@ from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import Outcome, Pipeline
 from appliance.metrics import Metrics
 from appliance.proposers.base import Example, Measured, PromptContext, Proposal
+from appliance.proposers.edits import source_hash
 from appliance.search.database import Entry, SearchDatabase, feedback
 from appliance.tasks import Task
 
@@ -303,9 +304,17 @@ class Optimizer:
                 return False
             groups.setdefault(parent.candidate.id, (parent, []))[1].append(island)
         asks = [(parent, islands, self._context(db, parent, measured, timings)) for parent, islands in groups.values()]
-        # Every request in flight at once (an LLM answers several prompts in parallel).
-        with ThreadPoolExecutor(len(asks)) as pool:
-            answers = list(pool.map(lambda ask: self._ask(ask[2], len(ask[1]), set(seen)), asks))
+        if self._takes_seen():
+            # The tuner, in this process and fast: one parent after another, each told what the others proposed,
+            # so that two parents of one family do not both propose the same settings (one would be dropped).
+            taken, answers = set(seen), []
+            for _, islands, ctx in asks:
+                answers.append(self._ask(ctx, len(islands), taken))
+                taken |= {source_hash(p.source) for p in answers[-1] if p.source}
+        else:
+            # Every request in flight at once (an LLM answers several prompts in parallel).
+            with ThreadPoolExecutor(len(asks)) as pool:
+                answers = list(pool.map(lambda ask: self._ask(ask[2], len(ask[1]), set(seen)), asks))
         queued_any = False
         for (parent, islands, _), proposals in zip(asks, answers):
             for island, proposal in zip(itertools.cycle(islands), proposals):
@@ -326,9 +335,13 @@ class Optimizer:
         seeds = [e for e in db.entries if e.candidate.proposer == "seed" and e.evaluation is not None]
         return seeds[0] if seeds else None
 
+    def _takes_seen(self) -> bool:
+        """Whether the proposer avoids sources already seen itself (the tuner); the LLM's duplicates are dropped."""
+        return getattr(self.proposer, "name", "") == "tune"
+
     def _ask(self, ctx: PromptContext, n: int, seen: set[str]) -> list[Proposal]:
         try:
-            if getattr(self.proposer, "name", "") == "tune":
+            if self._takes_seen():
                 return self.proposer.propose(ctx, n, seen=seen)
             return self.proposer.propose(ctx, n)
         except Exception as exc:  # noqa: BLE001 - a proposer bug costs a recorded failure, never the run
@@ -337,8 +350,6 @@ class Optimizer:
 
     def _store_proposal(self, p: Proposal, parent: Entry, island: int, generation: int, seen: set[str]) -> bool:
         """Store a proposal: queued for evaluation (True), or a recorded failure / skipped duplicate (False)."""
-        from appliance.proposers.edits import source_hash
-
         common = dict(parent_id=parent.candidate.id, proposer=p.proposer, island=island, generation=generation,
                       note=p.note, tokens_in=p.tokens_in, tokens_out=p.tokens_out)
         if self.metrics:

@@ -224,3 +224,41 @@ def test_a_ray_worker_does_not_profile_what_its_own_earlier_profiles_already_bea
     assert not decide(None, 0.0)
     worker.local.profile_above = None  # sent without a threshold (a plain evaluation): profile as asked
     assert EvaluationWorker._profile_if(worker, None)
+
+
+def test_the_tuner_asked_for_two_parents_in_one_generation_does_not_propose_the_same_source_twice(tmp_path):
+    """Parents are asked one after another, each told what the others proposed; a duplicate would be dropped and
+    the generation would come out one candidate short."""
+    from appliance.proposers.base import Proposal
+    from appliance.proposers.edits import source_hash
+
+    store, run_id, cfg, seed = make_run(tmp_path, max_candidates=10, islands=2, batch=2, exploit=1.0)
+    task_id = store.get_run(run_id).task_id
+    for c, _ in store.run_candidates(run_id):
+        store.add_evaluation(c.id, run_id, verdict="pass", stage="done", jailed=True, device="cpu", mode="small",
+                             speedup_vs_eager=1.0)
+    for island, speedup in ((0, 1.5), (1, 1.2)):  # each island's best: two parents
+        c = store.add_candidate(run_id, task_id, seed + f"\nVARIANT = {island}\n", proposer="tune", status="queued",
+                                island=island, generation=0)
+        store.add_evaluation(c.id, run_id, verdict="pass", stage="done", jailed=True, device="cpu", mode="small",
+                             speedup_vs_eager=speedup)
+
+    class SameSettingsForEveryParent:  # as per-shape settings composed from one family are
+        name = "tune"
+
+        def __init__(self):
+            self.parents = []
+
+        def propose(self, ctx, n, seen=None):
+            self.parents.append(ctx.parent.source)
+            first, second = seed + "\nTUNED = 1\n", seed + "\nTUNED = 2\n"
+            return [Proposal(source=first if source_hash(first) not in seen else second, proposer="tune")]
+
+    proposer = SameSettingsForEveryParent()
+    opt = Optimizer(store, run_id, load_task(SOFTMAX), [Pipeline(Jail(), settings(tmp_path))], proposer, cfg,
+                    tmp_path / "work")
+    assert opt._propose_generation(2)
+    assert len(set(proposer.parents)) == 2, proposer.parents
+    queued = [c.source for c, _ in store.run_candidates(run_id) if c.status == "queued"]
+    assert sorted(queued) == sorted([seed + "\nTUNED = 1\n", seed + "\nTUNED = 2\n"])
+    assert opt.state.get("duplicates", 0) == 0
