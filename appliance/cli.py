@@ -505,9 +505,12 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, superv
                                  "pass --gpus or --device cpu")
     else:
         indices = [None]
-    # On Ray each actor holds one GPU of its host; how many share that host is not known here.
-    gpus_on_this_host = 0 if dev != "cuda" else 1 if on_ray else len(indices)
-    slots = config.workers or default_slots(gpus_on_this_host)
+    if config.workers:
+        slots = config.workers
+    elif on_ray:
+        slots = ray_executor.default_slots_on_cluster(s.executor, dev)  # from the GPU hosts, not this one
+    else:
+        slots = default_slots(0 if dev != "cuda" else len(indices))
     if unsafe:
         err.print("[bold red]UNSAFE: --unsafe-no-jail: candidates run WITHOUT the jail.[/]")
     settings = EvalSettings(device=dev, mode=config.mode, baselines=("eager", "compile") if dev == "cuda" else ("eager",),

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from appliance.errors import InfrastructureError, TaskError
-from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent, remove_tree
+from appliance.evaluation.pipeline import (EvalSettings, Outcome, Pipeline, RemoteJail, default_slots, evaluate_sent,
+                                           remove_tree)
 from appliance.tasks import RebuiltTasks, Task, task_files
 from appliance.search.loop import PROFILE_MIN_GAIN
 
@@ -58,6 +59,22 @@ def cluster_device(address: str, device: str) -> str:
     if device != "auto":
         return device
     return "cuda" if _ray().cluster_resources().get("GPU", 0) >= 1 else "cpu"
+
+
+def default_slots_on_cluster(address: str, device: str) -> int:
+    """Evaluations in flight per worker when the user does not say: `default_slots` of each GPU host, from its own
+    cores and GPUs (not the controller's), the smallest over the cluster's GPU hosts, since the loop gives every worker
+    the same number."""
+    connect(address)
+    return slots_for_nodes(_ray().nodes(), device)
+
+
+def slots_for_nodes(nodes: list[dict], device: str) -> int:
+    """default_slots_on_cluster for `ray.nodes()`' records."""
+    if device != "cuda":
+        return default_slots(0)
+    hosts = [n.get("Resources", {}) for n in nodes if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) >= 1]
+    return min((default_slots(int(r["GPU"]), int(r.get("CPU", 0)) or None) for r in hosts), default=default_slots(1))
 
 
 def ray_pipelines(address: str, settings: EvalSettings, slots: int, unsafe: bool) -> list[RayPipeline]:

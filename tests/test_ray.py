@@ -137,3 +137,15 @@ def test_a_node_killed_mid_run_costs_one_evaluation_and_is_used_again_when_back(
     assert all(n == 1 for _, n, _ in per_candidate)  # a lost evaluation leaves no row: nothing evaluated twice
     assert {v for _, _, v in per_candidate} == {"pass"}  # the re-queued candidate passed on a live worker
     assert set(hosts(home)) - before, "no evaluation ran on the node that came back"
+
+
+def test_default_slots_on_ray_come_from_the_gpu_hosts_not_the_controller():
+    from appliance.ray_executor import slots_for_nodes
+
+    def node(cpus, gpus=0, alive=True):
+        return {"Alive": alive, "Resources": {"CPU": cpus, **({"GPU": gpus} if gpus else {})}}
+
+    assert slots_for_nodes([node(2), node(32, 2), node(128, 8)], "cuda") == 8  # 16 and 8 cores per GPU
+    assert slots_for_nodes([node(2), node(16, 2), node(128, 8)], "cuda") == 4  # the smallest host decides
+    assert slots_for_nodes([node(16, 8), node(8, 8, alive=False)], "cuda") == 3  # at least 3; dead nodes ignored
+    assert slots_for_nodes([node(64)], "cpu") == 1

@@ -75,13 +75,14 @@ class Outcome:
         return self.verdict == "pass"
 
 
-def default_slots(gpus: int) -> int:
-    """Evaluations in flight per device when the user does not say. On a GPU, most of an evaluation is CPU work
-    (processes, imports, files) and the gate bounds how many hold device memory at once, so up to half the host's
-    cores per GPU, between 3 and 8; the CPU evaluates one at a time (the Triton interpreter is CPU-bound itself)."""
+def default_slots(gpus: int, cores: int | None = None) -> int:
+    """Evaluations in flight per device when the user does not say, on a host with `gpus` evaluation GPUs and
+    `cores` CPU cores (default: this host's). On a GPU, most of an evaluation is CPU work (processes, imports, files)
+    and the gate bounds how many hold device memory at once, so up to half the host's cores per GPU, between 3 and 8;
+    the CPU evaluates one at a time (the Triton interpreter is CPU-bound itself)."""
     if gpus == 0:
         return 1
-    return max(3, min(8, (os.cpu_count() or 2) // (2 * gpus)))
+    return max(3, min(8, (cores or os.cpu_count() or 2) // (2 * gpus)))
 
 
 def resolve_device(device: str) -> str:
