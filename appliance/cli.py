@@ -278,7 +278,8 @@ def optimize(
         log = (lambda _: None) if as_json else (lambda line: err.print(f"[dim]run {run.id}:[/] {line}",
                                                                         highlight=False))
         optimizer = Optimizer(store, run.id, t, pipelines, _proposer(config), config,
-                              s.home / "runs" / str(run.id), log)
+                              s.home / "runs" / str(run.id), log,
+                              screens=_screens(config, pipelines, unsafe_no_jail or s.unsafe_no_jail))
         summary = optimizer.run()
     except ApplianceError as e:
         _fail(e, as_json)
@@ -352,11 +353,12 @@ def _controller_loop(store, stop, poll: float, supervisor, metrics, unsafe_no_ja
         store.update_run(run.id, state=(run.state or {}) | {"controller": _controller_id()})
         try:
             config = OptimizeConfig.from_dict(run.config)
-            optimizer = Optimizer(store, run.id, _task_of_run(store, run),
-                                  _pipelines(config, None, unsafe_no_jail, supervisor), _proposer(config), config,
+            pipelines = _pipelines(config, None, unsafe_no_jail, supervisor)
+            optimizer = Optimizer(store, run.id, _task_of_run(store, run), pipelines, _proposer(config), config,
                                   s.home / "runs" / str(run.id),
                                   log=lambda line, rid=run.id: err.print(f"run {rid}: {line}", highlight=False),
-                                  metrics=metrics, should_stop=stop.is_set)
+                                  metrics=metrics, should_stop=stop.is_set,
+                                  screens=_screens(config, pipelines, unsafe_no_jail))
             summary = optimizer.run()
             err.print(f"run {run.id}: {summary.status}", highlight=False)
         except ApplianceError as e:  # a broken task or host fails this run, not the controller
@@ -572,6 +574,27 @@ def worker(
     except (ApplianceError, JailUnavailable) as e:
         log(f"error: {e}")
         raise typer.Exit(3)
+
+
+def _screens(config: OptimizeConfig, pipelines: list, unsafe: bool) -> list:
+    """Compile-only checks on the Ray cluster's CPU-only nodes (evaluation/compile_screen.py), for candidates that
+    may not build (the LLM's) on a cluster whose evaluation workers hold GPUs; none otherwise."""
+    from appliance import ray_executor
+
+    s = state.settings
+    on_gpus = [p for p in pipelines if isinstance(p, ray_executor.RayPipeline) and p.jail.gpu is not None]
+    if config.proposer == "tune" or not on_gpus:
+        return []
+    try:
+        arch = on_gpus[0].arch()
+        screens = ray_executor.compile_screens(s.executor, arch, unsafe) if arch else []
+    except Exception as e:  # noqa: BLE001 - without screening a run is slower, never wrong
+        err.print(f"compile-only checks on CPU-only nodes are off: {type(e).__name__}: {e}", highlight=False)
+        return []
+    if screens:
+        err.print(f"{len(screens)} CPU-only node(s) check that candidates build for sm_{arch} before the GPUs see "
+                  "them", highlight=False)
+    return screens
 
 
 def _proposer(config: OptimizeConfig):

@@ -28,8 +28,8 @@ from pathlib import Path
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import (EvalSettings, Outcome, Pipeline, RemoteJail, default_slots, evaluate_sent,
                                            remove_tree)
-from appliance.tasks import RebuiltTasks, Task, task_files
 from appliance.search.loop import PROFILE_MIN_GAIN
+from appliance.tasks import RebuiltTasks, Task, task_files
 
 
 def _ray():
@@ -143,6 +143,11 @@ class RayPipeline:
             raise TaskError(*result["task_error"])
         raise InfrastructureError(f"Ray worker {self.index} ({result.get('host')}): {result['infrastructure_error']}")
 
+    def arch(self) -> int | None:
+        """The worker's GPU architecture (90 for sm_90), for compile-only work on CPU-only nodes."""
+        self._wait_until_placed()
+        return _ray().get(self.actor.arch.remote())
+
     def prepare(self, task: Task) -> None:
         """Have the worker prepare the task's inputs now; what goes wrong shows again in the first evaluation."""
         ray = _ray()
@@ -204,6 +209,17 @@ class EvaluationWorker:
     def ready(self) -> str:
         return self.host
 
+    def arch(self) -> int | None:
+        """The GPU's compute capability as one number (90 for the H200), from NVML: no CUDA context here."""
+        if self.pipeline.jail.gpu is None:
+            return None
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(self.pipeline.jail.gpu)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return 10 * major + minor
+
     def evaluate(self, files: dict, source: str, display_path: str, profile_above: float | None = None
                  ) -> Outcome | dict:
         self.local.profile_above = profile_above
@@ -237,3 +253,69 @@ class EvaluationWorker:
     def close(self) -> None:
         self.pipeline.close()
         remove_tree(self.dir)
+
+
+# --- compile-only work on CPU-only nodes (appliance/evaluation/compile_screen.py) ---
+
+def compile_screens(address: str, arch: int, unsafe: bool) -> list[RayCompileScreen]:
+    """One screen per live node without a GPU, pinned there; none on a cluster of GPU hosts only."""
+    ray = _ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    connect(address)
+    screens = []
+    for node in ray.nodes():
+        cpus = node.get("Resources", {}).get("CPU", 0)
+        if not node.get("Alive") or node.get("Resources", {}).get("GPU", 0) or cpus < 1:
+            continue
+        slots = max(1, min(8, int(cpus) // 2))  # each screen step is one single-threaded process
+        actor = ray.remote(CompileWorker).options(
+            num_cpus=1, max_concurrency=slots, max_restarts=0,  # a lost screen only means no screening there
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+        screens.append(RayCompileScreen(actor.remote(arch, slots, unsafe), slots))
+    return screens
+
+
+class RayCompileScreen:
+    """CompileScreen's look-alike on the controller, whose work runs in a CompileWorker actor."""
+
+    def __init__(self, actor, slots: int):
+        self.actor, self.slots = actor, slots
+
+    def screen(self, task: Task, candidate_path: str | Path, display_path: str | None = None) -> Outcome | None:
+        ray = _ray()
+        try:
+            return ray.get(self.actor.screen.remote(task_files(task), Path(candidate_path).read_text(errors="replace"),
+                                                    str(display_path or candidate_path)))
+        except ray.exceptions.RayError:
+            return None  # the screen's node is gone: the GPU evaluation decides
+
+    def close(self) -> None:
+        try:
+            _ray().kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+class CompileWorker:
+    """The Ray actor of a CPU-only node: CompileScreen in this host's jail."""
+
+    def __init__(self, arch: int, slots: int, unsafe: bool):
+        from appliance.config import Settings
+        from appliance.evaluation.compile_screen import CompileScreen
+        from sandbox.jail import Jail
+
+        jobs = Settings.load().jobs_dir
+        self.dir = Path(tempfile.mkdtemp(prefix="ray-screen-", dir=jobs))
+        self.compile_screen = CompileScreen(Jail(unsafe_no_jail=unsafe), self.dir / "jobs", arch, slots)
+        self.tasks = RebuiltTasks(self.dir / "task")
+
+    def screen(self, files: dict, source: str, display_path: str) -> Outcome | None:
+        path = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir)) / Path(display_path).name
+        try:
+            path.write_text(source)
+            return self.compile_screen.screen(self.tasks.get(files), path, display_path)
+        except (TaskError, InfrastructureError, OSError):
+            return None
+        finally:
+            remove_tree(path.parent)

@@ -1,5 +1,7 @@
 """Compile a candidate's Triton kernels for Hopper (sm_90) on a machine without a GPU: Triton ships ptxas, so a
-kernel that would not build on the H200 (an unsupported construct, a bad constexpr path) fails here, in CPU CI.
+kernel that would not build on the H200 (an unsupported construct, a bad constexpr path) fails here, in CPU CI. The
+recording and the build are the product's compile-only check (sandbox/harness/compile_check.py); this adds the
+registers and stack bytes of each build.
 
     python -m tests.hopper_compile record TASK OUT.json CANDIDATE...   (run with TRITON_INTERPRET=1)
     python -m tests.hopper_compile compile OUT.json                    (run without it)
@@ -20,45 +22,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64", "int32": "i32",
-          "int8": "i8", "uint8": "u8", "bool": "i1"}
-
 
 def record(task_path: str, out: str, *candidate_paths: str) -> None:
-    import inspect
-
     import torch
-    from triton.runtime.interpreter import InterpretedFunction
 
     from sandbox.harness.common import load_module
+    from sandbox.harness.compile_check import recording_launches
 
     launches: list[dict] = []
-    run = InterpretedFunction.run
     current = {}
 
-    def recording(self, *args, grid, warmup, **kwargs):
-        params = inspect.signature(self.fn).parameters
-        bound = dict(zip(params, args)) | {k: v for k, v in kwargs.items() if k in params}
-        signature, constexprs = {}, {}
-        for name, param in params.items():
-            value = bound.get(name, param.default)
-            if "constexpr" in str(param.annotation):
-                signature[name], constexprs[name] = "constexpr", value
-            elif isinstance(value, torch.Tensor):
-                signature[name] = "*" + DTYPES[str(value.dtype).removeprefix("torch.")]
-            elif isinstance(value, bool):
-                signature[name] = "i1"
-            elif isinstance(value, int):
-                signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-            else:
-                signature[name] = "fp32"
-        launch = {"candidate": current["path"], "kernel": self.fn.__name__, "signature": signature,
-                  "constexprs": constexprs, "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}}
+    def on_launch(launch: dict) -> None:
+        launch = {"candidate": current["path"], **launch}
         if launch not in launches:
             launches.append(launch)
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
-    InterpretedFunction.run = recording
+    recording_launches(on_launch)
     task = load_module(task_path, "task")
     for name in ("batch_size", "batch", "n_rows", "rows"):  # one row: the row length is what picks the blocks
         if isinstance(getattr(task, name, None), int):
@@ -74,18 +53,16 @@ def record(task_path: str, out: str, *candidate_paths: str) -> None:
 
 def compile_for_hopper(recorded: str) -> None:
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from sandbox.harness.common import load_module
+    from sandbox.harness.compile_check import build_launch
 
     cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     modules, results = {}, []
     for launch in json.loads(Path(recorded).read_text()):
         path = launch["candidate"]
         module = modules.get(path) or modules.setdefault(path, load_module(path, f"candidate{len(modules)}"))
-        source = ASTSource(getattr(module, launch["kernel"]), launch["signature"], constexprs=launch["constexprs"])
-        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=launch["options"])
+        kernel = build_launch(module, launch, arch=90)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
             cubin.write(kernel.asm["cubin"])
             cubin.flush()

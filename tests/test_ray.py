@@ -149,3 +149,28 @@ def test_default_slots_on_ray_come_from_the_gpu_hosts_not_the_controller():
     assert slots_for_nodes([node(2), node(16, 2), node(128, 8)], "cuda") == 4  # the smallest host decides
     assert slots_for_nodes([node(16, 8), node(8, 8, alive=False)], "cuda") == 3  # at least 3; dead nodes ignored
     assert slots_for_nodes([node(64)], "cpu") == 1
+
+
+def test_cpu_only_nodes_check_that_kernels_build_for_the_gpu_before_any_gpu_sees_them(cluster, home):
+    """Compile-only work on CPU-only nodes: one screen per node (both nodes here lend no GPU), jailed there, building
+    the candidate's Triton kernels for sm_90 with Triton's own compiler."""
+    from appliance import ray_executor
+    from appliance.tasks import load_task
+
+    fixtures = REPO / "tests/fixtures/candidates"
+    screens = ray_executor.compile_screens(cluster.address, 90, unsafe=False)
+    try:
+        assert len(screens) == 2
+        task = load_task(SOFTMAX)
+        for screen in screens:
+            rejected = screen.screen(task, fixtures / "builds_only_in_the_interpreter.py")
+            assert rejected is not None and (rejected.verdict, rejected.stage) == ("compile_error", "compile")
+            assert "does not build for sm_90" in rejected.reason and rejected.jailed
+            assert "builds_only_in_the_interpreter.py" in rejected.reason  # the sender's file, not the node's copy
+            assert screen.screen(task, fixtures / "good.py") is None  # builds: on to the GPU
+        hosts = {s.screen(load_task(SOFTMAX), fixtures / "compile_error.py").details["screen"]["host"]
+                 for s in screens}
+        assert len(hosts) == 1  # one machine here; each screen names the host it ran on
+    finally:
+        for screen in screens:
+            screen.close()

@@ -74,8 +74,11 @@ class Summary:
 class Optimizer:
     def __init__(self, store: Store, run_id: int, task: Task, pipelines: list[Pipeline], proposer,
                  config: OptimizeConfig, work_dir: Path, log: Callable[[str], None] = lambda _: None,
-                 metrics: Metrics | None = None, should_stop: Callable[[], bool] = lambda: False):
+                 metrics: Metrics | None = None, should_stop: Callable[[], bool] = lambda: False,
+                 screens: list | None = None):
         self.store, self.run_id, self.task, self.pipelines = store, run_id, task, pipelines
+        # Compile-only checks before a candidate takes a GPU slot (evaluation/compile_screen.py; CPU-only nodes).
+        self.screens = list(screens or [])
         self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
         self.metrics, self.should_stop = metrics, should_stop
         self.failure_streak = 0  # infrastructure failures in a row
@@ -107,6 +110,8 @@ class Optimizer:
         finally:
             for pipeline in self.pipelines:
                 pipeline.close()
+            for screen in self.screens:
+                getattr(screen, "close", lambda: None)()
         self.store.update_run(self.run_id, status=status, state=self.state)
         return self.summary()
 
@@ -116,10 +121,13 @@ class Optimizer:
         started = time.monotonic()
         slots = [p for p in self.pipelines for _ in range(p.slots)]
         in_flight: dict[Future, tuple[Candidate, Pipeline]] = {}
+        screen_slots = [s for s in self.screens for _ in range(s.slots)]
+        screening: dict[Future, tuple[Candidate, object]] = {}
+        cleared: set[int] = set()  # candidates the screens let through (or that need none)
         proposed_after = -1  # results recorded when we last proposed: propose again only after a new one
         recorded = 0
         status = "running"
-        with ThreadPoolExecutor(len(slots) + len(self.pipelines)) as pool:
+        with ThreadPoolExecutor(len(slots) + len(self.pipelines) + len(screen_slots)) as pool:
             # Every worker prepares the task's inputs and baselines now, while the first candidates are evaluated
             # on another: a GPU that waited for its first candidate to start preparing joined a run ~1 min late.
             for pipeline in self.pipelines:
@@ -134,6 +142,7 @@ class Optimizer:
                     queued = [c for c, _ in self.store.run_candidates(self.run_id) if c.status == "queued"]
                     if self.metrics:
                         self.metrics.queue_depth.set(len(queued))
+                    queued = self._screen_queued(queued, screening, cleared, screen_slots, pool)
                     free = _free_slots(slots, [p for _, p in in_flight.values()])
                     room = self._room() - len(in_flight)
                     starting = list(zip(queued[:max(room, 0)], free))
@@ -144,7 +153,7 @@ class Optimizer:
                     # many slots ramps up one slot per verdict and most of its slots idle through a short run.
                     empty = min(len(free), max(room, 0)) - len(starting)
                     size = max(self.config.batch, empty)
-                    if not in_flight:
+                    if not in_flight and not screening:
                         if not self._propose_generation(size):
                             self.state["barren"] = self.state.get("barren", 0) + 1
                             if self.state["barren"] >= BARREN_GENERATIONS:
@@ -156,10 +165,17 @@ class Optimizer:
                         if empty > 0 and proposed_after < recorded and self._has_parent():
                             proposed_after = recorded
                             self._propose_generation(size)  # fills the spare slots while the others evaluate
-                        done, _ = wait(in_flight, timeout=1.0, return_when=FIRST_COMPLETED)
+                        done, _ = wait([*in_flight, *screening], timeout=1.0, return_when=FIRST_COMPLETED)
                         for future in done:
-                            candidate, _ = in_flight.pop(future)
-                            self._record(candidate, future.result())
+                            if future in screening:
+                                candidate, _ = screening.pop(future)
+                                if (rejected := future.result()) is None:
+                                    cleared.add(candidate.id)
+                                    continue
+                                self._record(candidate, rejected)
+                            else:
+                                candidate, _ = in_flight.pop(future)
+                                self._record(candidate, future.result())
                             recorded += 1
                     self.state["elapsed_s"] += time.monotonic() - started
                     started = time.monotonic()
@@ -178,6 +194,34 @@ class Optimizer:
                 if failure:
                     raise failure
         return status
+
+    def _screen_queued(self, queued: list[Candidate], screening: dict, cleared: set[int], screen_slots: list,
+                       pool: ThreadPoolExecutor) -> list[Candidate]:
+        """The queued candidates that may go to a GPU now; those that need a compile-only check first are sent to a
+        free screen (the tuner's need none: they are settings of a kernel that built)."""
+        if not screen_slots:
+            return queued
+        busy = [s for _, s in screening.values()]
+        free = [s for s in dict.fromkeys(screen_slots) for _ in range(screen_slots.count(s) - busy.count(s))]
+        waiting = {c.id for c, _ in screening.values()}
+        ready = []
+        for c in queued:
+            if c.id in cleared or c.proposer == "tune":
+                ready.append(c)
+            elif c.id not in waiting and free:
+                screen = free.pop(0)
+                screening[pool.submit(self._screen_one, c, screen)] = (c, screen)
+        return ready
+
+    def _screen_one(self, candidate: Candidate, screen) -> Outcome | None:
+        path = self.work_dir / f"candidate-{candidate.id}.py"
+        path.write_text(candidate.source)
+        try:
+            return screen.screen(self.task, path)
+        except Exception as exc:  # noqa: BLE001 - a screen that breaks costs only the screening: the GPU decides
+            self.log(f"candidate {candidate.id}: the compile-only check failed ({type(exc).__name__}: {exc}); "
+                     "evaluating it on the GPU all the same")
+            return None
 
     def _prepare(self, pipeline: Pipeline) -> None:
         try:

@@ -262,3 +262,56 @@ def test_the_tuner_asked_for_two_parents_in_one_generation_does_not_propose_the_
     queued = [c.source for c, _ in store.run_candidates(run_id) if c.status == "queued"]
     assert sorted(queued) == sorted([seed + "\nTUNED = 1\n", seed + "\nTUNED = 2\n"])
     assert opt.state.get("duplicates", 0) == 0
+
+
+class CountingScreen:
+    """A real CompileScreen (jailed, Triton's compiler for sm_90), counting what it is asked to check."""
+
+    def __init__(self, jobs):
+        from appliance.evaluation.compile_screen import CompileScreen
+
+        self.inner, self.slots, self.checked = CompileScreen(Jail(), jobs, arch=90), 1, []
+
+    def screen(self, task, path, display_path=None):
+        self.checked.append(path.read_text())
+        return self.inner.screen(task, path, display_path)
+
+
+def test_a_kernel_that_only_the_interpreter_runs_is_rejected_by_the_compile_check_before_any_evaluation(tmp_path):
+    """The Triton interpreter runs Python as Python: on the CPU this candidate passes the gate. Built for the GPU,
+    its `break` does not compile: the compile-only check (what CPU-only nodes of a cluster do) says so first."""
+    source = (REPO / "tests/fixtures/candidates/builds_only_in_the_interpreter.py").read_text()
+    store, run_id, cfg, _ = make_run(tmp_path, max_candidates=1)
+    seed = store.run_candidates(run_id)[0][0]
+    store.add_candidate(run_id, store.get_run(run_id).task_id, source, proposer="llm", status="queued", island=0,
+                        generation=0)
+    store.set_candidate_status(seed.id, "evaluated")  # only the LLM's candidate is left to evaluate
+
+    class NoEvaluation(Pipeline):
+        def evaluate(self, task, path):
+            raise AssertionError("the GPU pipeline was given a candidate the compile check rejects")
+
+    screen = CountingScreen(tmp_path / "screen")
+    opt = Optimizer(store, run_id, load_task(SOFTMAX), [NoEvaluation(Jail(), settings(tmp_path))],
+                    ProfileReadingTuner(), cfg, tmp_path / "work", screens=[screen])
+    assert opt.run().evaluated == 1
+    (cand, evaluation), = [(c, e) for c, e in store.run_candidates(run_id) if c.proposer == "llm"]
+    assert (evaluation.verdict, evaluation.stage) == ("compile_error", "compile")
+    assert "does not build for sm_90" in evaluation.reason and "break" in evaluation.reason.lower()
+    assert evaluation.details["screen"]["arch"] == 90 and screen.checked == [source]
+
+    # On the CPU alone (the interpreter), the same candidate passes: only the GPU build finds it.
+    path = tmp_path / "candidate.py"
+    path.write_text(source)
+    assert Pipeline(Jail(), settings(tmp_path)).evaluate(load_task(SOFTMAX), path).verdict == "pass"
+
+
+def test_the_compile_check_lets_a_kernel_that_builds_through_and_skips_the_tuners_settings(tmp_path):
+    store, run_id, cfg, seed = make_run(tmp_path, max_candidates=3)
+    screen = CountingScreen(tmp_path / "screen")
+    opt = Optimizer(store, run_id, load_task(SOFTMAX), [Pipeline(Jail(), settings(tmp_path))],
+                    ProfileReadingTuner(), cfg, tmp_path / "work", screens=[screen])
+    assert opt.run().evaluated == 3
+    verdicts = {c.proposer: e.verdict for c, e in store.run_candidates(run_id)}
+    assert verdicts == {"seed": "pass", "tune": "pass"}, verdicts
+    assert screen.checked == [seed]  # the seed was checked; the tuner's settings of it were not
