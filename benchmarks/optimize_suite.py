@@ -3,7 +3,7 @@
 
     python benchmarks/optimize_suite.py [--tasks softmax,rmsnorm,layernorm] [--max-candidates 12] [--device auto]
                                         [--gpus 0 | --executor HOST:PORT] [--max-wall S] [--compare-naive]
-                                        [--naive-max N] [--in-flight N] [--out DIR]
+                                        [--naive-max N] [--in-flight N] [--out DIR] [--copy-dbs DIR]
 
 For each task: `appliance optimize benchmarks/tasks/T.py --proposer tune --json` in a fresh APPLIANCE_HOME
 (DIR/T-*), then the seed's and the best's stored timings (`appliance show ID --json`). One Markdown row per task,
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -162,6 +163,9 @@ def main() -> int:
     parser.add_argument("--in-flight", type=int, help="evaluations in flight per device (default: the CLI's)")
     parser.add_argument("--executor", help="e.g. a Ray cluster's GCS address HOST:PORT (default: local workers on --gpus)")
     parser.add_argument("--out", type=Path, help="where run databases and results.md go (default: a temp dir)")
+    parser.add_argument("--copy-dbs", type=Path, help="also copy each run's database to DIR/TASK.db and results.md to "
+                        "DIR as soon as the task is done (flat: e.g. the GPU machine's $OUT, which returns shallow "
+                        "files only)")
     args = parser.parse_args()
 
     from appliance.evaluation.pipeline import resolve_device
@@ -182,6 +186,11 @@ def main() -> int:
         print(row, flush=True)
         lines.append(row)
         (out / "results.md").write_text("\n".join(lines) + "\n")  # kept even if a later task is cut off
+        if args.copy_dbs:
+            args.copy_dbs.mkdir(parents=True, exist_ok=True)
+            shutil.copy(out / "results.md", args.copy_dbs / "results.md")
+            for db in out.glob(f"{name.strip()}-*/appliance.db"):
+                shutil.copy(db, args.copy_dbs / f"{name.strip()}.db")
     return 0
 
 

@@ -158,8 +158,9 @@ def test_cpu_only_nodes_check_that_kernels_build_for_the_gpu_before_any_gpu_sees
     from appliance.tasks import load_task
 
     fixtures = REPO / "tests/fixtures/candidates"
-    screens = ray_executor.compile_screens(cluster.address, 90, unsafe=False)
+    screens = []
     try:
+        screens = ray_executor.compile_screens(cluster.address, 90, unsafe=False)
         assert len(screens) == 2
         task = load_task(SOFTMAX)
         for screen in screens:
@@ -174,3 +175,8 @@ def test_cpu_only_nodes_check_that_kernels_build_for_the_gpu_before_any_gpu_sees
     finally:
         for screen in screens:
             screen.close()
+        # This test process joined the cluster as a driver: leave it before the cluster stops, or Ray ends the
+        # process once it has not reached the cluster for a minute (pytest with it, mid-suite).
+        import ray
+
+        ray.shutdown()

@@ -333,8 +333,10 @@ class Pipeline:
         run, cand = once(nbytes)
         # Out of device memory beside other evaluations may be their doing, not the candidate's (the budget holds
         # estimates, and a neighbour may allocate more than its own): once more, alone (None: admitted only when
-        # nothing else is resident); that run's verdict stands.
-        if _out_of_memory(cand) and (run.turns or {}).get("neighbours") and _emptied(dirs["outputs"]):
+        # nothing else is resident); that run's verdict stands. Not when what it asked for would not fit beside its own
+        # share even alone: a retry would wait for the device to empty for nothing.
+        if (_out_of_memory(cand) and (run.turns or {}).get("neighbours") and self._could_fit_alone(cand, nbytes)
+                and _emptied(dirs["outputs"])):
             details["retried_alone"] = str(cand.get("reason"))
             (dirs["candidate"] / "result.json").unlink(missing_ok=True)
             run, cand = once(None)
@@ -386,6 +388,16 @@ class Pipeline:
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 cache.write_text(json.dumps(self._ceilings))
         return self._ceilings
+
+    def _could_fit_alone(self, result: dict, nbytes: int) -> bool:
+        """Whether the allocation an out-of-memory error names ("Tried to allocate 20.00 GiB") fits in the budget beside
+        the process's own estimate; True when either is unknown."""
+        found = re.search(r"Tried to allocate ([\d.]+) ?([KMGT]i?B|bytes|B)\b", str(result.get("message", "")))
+        if not found or not self.gate.memory_bytes:
+            return True
+        scale = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 1e3, "MB": 1e6,
+                 "GB": 1e9, "TB": 1e12}
+        return float(found[1]) * scale.get(found[2], 1) <= self.gate.memory_bytes - (nbytes or 0)
 
     def _whole_budget(self) -> int:
         """What a process that measures from start to end holds: the whole budget, as it is alone on the device

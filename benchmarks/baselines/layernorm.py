@@ -13,50 +13,60 @@ import triton.language as tl
 # Tunables: the tuning proposer (appliance/proposers/tune.py) rewrites these constants. MAX_BLOCK is the widest
 # chunk of a row one program holds (longer rows are walked in chunks; past 8192, the task's dim, a larger one
 # changes nothing); NUM_WARPS is used for blocks of 2048 or more, narrower blocks use 4. ONE_READ: a row of up to
-# ONE_READ_MAX elements is held whole (MAX_BLOCK ignored) and read once instead of three times.
+# ONE_READ_MAX elements is held whole (MAX_BLOCK ignored) and read once instead of three times. L2_HINTS: the
+# weights, which every row reads, stay in L2 (evict_last) and a row's last read leaves it first (evict_first);
+# a row read again marks its first read evict_last.
 MAX_BLOCK = 4096
 NUM_WARPS = 8
 ONE_READ = False
-TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192], "NUM_WARPS": [1, 2, 4, 8, 16, 32], "ONE_READ": [False, True]}
+L2_HINTS = False
+TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192], "NUM_WARPS": [1, 2, 4, 8, 16, 32], "ONE_READ": [False, True],
+            "L2_HINTS": [False, True]}
 ONE_READ_MAX = 16384  # beyond this a whole row no longer fits in registers
 # Per-shape settings the tuner found (the input's shape -> settings); other shapes use the constants above.
 TUNED_BY_SHAPE = {}
 
 
 def _settings(x):
-    return {"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS, "ONE_READ": ONE_READ} | TUNED_BY_SHAPE.get(tuple(x.shape), {})
+    return ({"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS, "ONE_READ": ONE_READ, "L2_HINTS": L2_HINTS}
+            | TUNED_BY_SHAPE.get(tuple(x.shape), {}))
+
+
+def _policies(tuned):
+    """Eviction policies, as constexpr strings ("" is Triton's default)."""
+    hints = tuned["L2_HINTS"]
+    return {"KEEP": "evict_last" if hints else "", "STREAM": "evict_first" if hints else ""}
 
 
 @triton.jit
 def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_cols, stride_xr, stride_xc, stride_yr, eps,
-                      BLOCK: tl.constexpr,
-                      WHOLE_ROW: tl.constexpr):
+                      BLOCK: tl.constexpr, WHOLE_ROW: tl.constexpr, KEEP: tl.constexpr, STREAM: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2**31 at full size
     x_row = x_ptr + row * stride_xr
     y_row = y_ptr + row * stride_yr
     offs = tl.arange(0, BLOCK)
     if WHOLE_ROW:  # the row fits one block: read it once, keep it in registers
         mask = offs < n_cols
-        x = tl.load(x_row + offs * stride_xc, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + offs * stride_xc, mask=mask, other=0.0, eviction_policy=STREAM).to(tl.float32)
         mean = tl.sum(x, 0) / n_cols
         d = tl.where(mask, x - mean, 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(d * d, 0) / n_cols + eps)
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0, eviction_policy=KEEP).to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=mask, other=0.0, eviction_policy=KEEP).to(tl.float32)
         tl.store(y_row + offs, (d * rstd * w + b).to(y_ptr.dtype.element_ty), mask=mask)
         return
 
     acc = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
-        acc += tl.load(x_row + cols * stride_xc, mask=cols < n_cols, other=0.0).to(tl.float32)
+        acc += tl.load(x_row + cols * stride_xc, mask=cols < n_cols, other=0.0, eviction_policy=KEEP).to(tl.float32)
     mean = tl.sum(acc, 0) / n_cols
 
     acc = tl.zeros([BLOCK], tl.float32)
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         mask = cols < n_cols
-        x = tl.load(x_row + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + cols * stride_xc, mask=mask, other=0.0, eviction_policy=KEEP).to(tl.float32)
         d = tl.where(mask, x - mean, 0.0)
         acc += d * d
     rstd = 1.0 / tl.sqrt(tl.sum(acc, 0) / n_cols + eps)
@@ -64,9 +74,9 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, n_cols, stride_xr, stride_xc, 
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         mask = cols < n_cols
-        x = tl.load(x_row + cols * stride_xc, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + cols * stride_xc, mask=mask, other=0.0, eviction_policy=STREAM).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy=KEEP).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=mask, other=0.0, eviction_policy=KEEP).to(tl.float32)
         y = (x - mean) * rstd * w + b
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -92,5 +102,6 @@ class ModelNew(nn.Module):
                                                                      tuned["MAX_BLOCK"])
         _layernorm_kernel[(n_rows,)](x2, self.ln.weight.contiguous(), self.ln.bias.contiguous(), y, n_cols,
                                      x2.stride(0), x2.stride(1), y.stride(0), self.ln.eps,
-                                     BLOCK=block, WHOLE_ROW=whole_row, num_warps=tuned["NUM_WARPS"] if block >= 2048 else 4)
+                                     BLOCK=block, WHOLE_ROW=whole_row, **_policies(tuned),
+                                     num_warps=tuned["NUM_WARPS"] if block >= 2048 else 4)
         return y.view(x.shape)

@@ -149,6 +149,34 @@ def test_out_of_memory_beside_other_evaluations_is_retried_alone(softmax_task, t
     assert beside.details["device_turns"]["neighbours"] >= 1
 
 
+def test_out_of_memory_for_more_than_the_device_could_give_alone_is_not_retried(softmax_task, tmp_path):
+    """The error names 20 GiB; the budget is 16 GiB: alone it would fail the same, so no one waits for the device
+    to empty."""
+    from appliance.tasks import load_task
+    from sandbox.gate import TurnRecord
+
+    pipeline = _pipeline(tmp_path, slots=2)
+    pipeline.gate.memory_bytes = 16 << 30
+    task = load_task(softmax_task)
+    pipeline.prepare(task)
+    neighbour = TurnRecord()
+    pipeline.gate.admit(neighbour, 1)
+    outcomes = []
+    trying = threading.Thread(target=lambda: outcomes.append(pipeline.evaluate(task, candidate("out_of_memory"))))
+    trying.start()
+    waited_to_be_alone = False
+    while trying.is_alive() and not waited_to_be_alone:
+        waited_to_be_alone = pipeline.gate.waiting() > 0  # a retry alone would wait for the neighbour to leave
+        time.sleep(0.01)
+    pipeline.gate.leave(neighbour)
+    trying.join()
+    pipeline.close()
+    assert not waited_to_be_alone
+    [outcome] = outcomes
+    assert outcome.verdict == "runtime_error" and "OutOfMemoryError" in outcome.reason, outcome.reason
+    assert outcome.details["device_turns"]["neighbours"] >= 1 and "retried_alone" not in outcome.details
+
+
 def test_resident_estimate_counts_inputs_outputs_and_strided_copies(tmp_path):
     from appliance.evaluation.pipeline import PROCESS_ALLOWANCE_BYTES, resident_estimate
 
