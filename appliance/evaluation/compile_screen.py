@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from appliance.evaluation.pipeline import Outcome, remove_tree
+from appliance.evaluation.pipeline import Outcome, read_result, remove_tree
 from appliance.tasks import Task
 from sandbox.jail import Jail
 
@@ -56,12 +56,10 @@ class CompileScreen:
             remove_tree(job)
 
     def _step(self, command: str, spec: dict, job: Path, env: dict[str, str]) -> dict:
+        """One jailed step. Its result comes from the candidate's own process: trusted only to reject itself."""
         spec_path = job / f"{command}-spec.json"
         spec_path.write_text(json.dumps(spec | {"result": str(job / f"{command}-result.json")}))
         run = self.jail.run([sys.executable, "-m", "sandbox.harness.compile_check", command, str(spec_path)],
                             workdir=job, env=env, timeout_s=self.timeout_s)
-        try:
-            result = json.loads((job / f"{command}-result.json").read_text())
-        except (OSError, ValueError):
-            return {"status": "inconclusive", "reason": f"no result (exit {run.returncode})"}
-        return result if isinstance(result, dict) else {"status": "inconclusive", "reason": "not a JSON object"}
+        result = read_result(job / f"{command}-result.json")  # the candidate's process wrote it: size-bounded
+        return result or {"status": "inconclusive", "reason": f"no result (exit {run.returncode})"}

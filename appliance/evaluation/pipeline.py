@@ -328,7 +328,7 @@ class Pipeline:
                                 resident_bytes=resident_bytes)
             turns.append(run.turns or {})
             wall["candidate"] = round(wall.get("candidate", 0.0) + run.wall_s, 2)
-            return run, _read_result(dirs["candidate"] / "result.json")
+            return run, read_result(dirs["candidate"] / "result.json")
 
         run, cand = once(nbytes)
         # Out of device memory beside other evaluations may be their doing, not the candidate's (the budget holds
@@ -379,7 +379,7 @@ class Pipeline:
                                 workdir=workdir, timeout_s=300, gate=self.gate, exclusive=True,
                                 resident_bytes=self._whole_budget())
             turns.append(run.turns or {})
-            measured = _read_result(workdir / "ceilings.json")
+            measured = read_result(workdir / "ceilings.json")
             if run.returncode != 0 or measured is None:
                 # Without ceilings there is no roofline, but the evaluation itself stands.
                 return {"error": f"measuring the GPU's ceilings failed: {run.stderr.strip()[-300:]}"}
@@ -415,7 +415,7 @@ class Pipeline:
                             exclusive=exclusive, resident_bytes=resident_bytes)
         wall[args[0]] = round(run.wall_s, 2)
         turns.append(run.turns or {})
-        result = _read_result(result_path)
+        result = read_result(result_path)
         if run.timed_out:
             raise TaskError(str(task.path), f"the reference ({args[0]}) did not finish within {timeout:.0f} s")
         if result is None or run.returncode != 0:
@@ -530,7 +530,7 @@ def _read_text(path: Path, limit: int) -> str | None:
         os.close(fd)
 
 
-def _read_result(path: Path) -> dict | None:
+def read_result(path: Path) -> dict | None:
     """A result file's JSON object, or None."""
     text = _read_text(path, MAX_RESULT_BYTES)
     try:
