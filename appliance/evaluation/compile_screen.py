@@ -3,9 +3,9 @@ architecture, jailed, before the candidate takes a GPU worker's slot (sandbox/ha
 building). A kernel the compiler refuses gets its verdict here (compile_error, stage compile); anything else, a
 check that could not be made included, goes on to the GPU, whose evaluation is the real gate.
 
-On a Ray cluster each CPU-only node runs one screen (appliance/ray_executor.py); the loop screens the LLM's
-candidates and hand submissions, not the tuner's (settings of a kernel that built already: screening them would
-only add to every evaluation's latency)."""
+On a Ray cluster each CPU-only node runs one screen (appliance/ray_executor.py); an LLM run's loop screens its
+queued candidates (the seed included), not the tuner's (settings of a kernel that built already: screening them would
+only add to every evaluation's latency). `appliance submit` evaluates a person's candidate directly."""
 
 from __future__ import annotations
 
