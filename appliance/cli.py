@@ -586,7 +586,12 @@ def _screens(config: OptimizeConfig, pipelines: list, unsafe: bool) -> list:
     if config.proposer == "tune" or not on_gpus:
         return []
     try:
-        arch = on_gpus[0].arch()
+        archs = {p.arch() for p in on_gpus}
+        if len(archs) != 1:  # kernels for one architecture may not build for another: no one answer to check
+            err.print(f"compile-only checks are off: the GPU workers differ in architecture ({sorted(archs)})",
+                      highlight=False)
+            return []
+        arch = archs.pop()
         screens = ray_executor.compile_screens(s.executor, arch, unsafe) if arch else []
     except Exception as e:  # noqa: BLE001 - without screening a run is slower, never wrong
         err.print(f"compile-only checks on CPU-only nodes are off: {type(e).__name__}: {e}", highlight=False)

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from appliance.errors import InfrastructureError, TaskError
-from appliance.evaluation.pipeline import (EvalSettings, Outcome, Pipeline, RemoteJail, default_slots, evaluate_sent,
-                                           remove_tree)
-from appliance.search.loop import PROFILE_MIN_GAIN
+from appliance.evaluation.compile_screen import SCREEN_TIMEOUT_S
+from appliance.evaluation.pipeline import (PROFILE_MIN_GAIN, EvalSettings, Outcome, Pipeline, RemoteJail,
+                                           default_slots, evaluate_sent, remove_tree)
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 
@@ -284,15 +284,22 @@ class RayCompileScreen:
 
     def screen(self, task: Task, candidate_path: str | Path, display_path: str | None = None) -> Outcome | None:
         ray = _ray()
-        try:
-            return ray.get(self.actor.screen.remote(task_files(task), Path(candidate_path).read_text(errors="replace"),
-                                                    str(display_path or candidate_path)))
-        except ray.exceptions.RayError:
-            return None  # the screen's node is gone: the GPU evaluation decides
+        ref = self.actor.screen.remote(task_files(task), Path(candidate_path).read_text(errors="replace"),
+                                       str(display_path or candidate_path))
+        try:  # the canary, record and build steps, each bounded; more means the node is gone or full: no screening
+            return ray.get(ref, timeout=3 * SCREEN_TIMEOUT_S + 60)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            return None  # the GPU evaluation decides
 
     def close(self) -> None:
+        """Remove the node's copies (tasks, jobs), then the actor."""
+        ray = _ray()
         try:
-            _ray().kill(self.actor, no_restart=True)
+            ray.get(self.actor.close.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - a dead or unplaced screen has nothing to clean
+            pass
+        try:
+            ray.kill(self.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
 
@@ -309,6 +316,9 @@ class CompileWorker:
         self.dir = Path(tempfile.mkdtemp(prefix="ray-screen-", dir=jobs))
         self.compile_screen = CompileScreen(Jail(unsafe_no_jail=unsafe), self.dir / "jobs", arch, slots)
         self.tasks = RebuiltTasks(self.dir / "task")
+
+    def close(self) -> None:
+        remove_tree(self.dir)
 
     def screen(self, files: dict, source: str, display_path: str) -> Outcome | None:
         path = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir)) / Path(display_path).name

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Evaluations per hour on one GPU vs two through the Ray executor, on one two-GPU host (issue 8's target: >= 1.8x).
 # For each GPU count: a fresh Ray head lending that many GPUs, one tuner run of TASK on it for MAX_WALL seconds
-# (benchmarks/optimize_suite.py --executor), the head stopped. Compare the "steady evals / h" column: it starts once
-# every GPU had its first verdict, so the run's one-off start-up (inputs, baselines, the seed alone) is left out.
+# (benchmarks/optimize_suite.py --executor), the head stopped. Compare the "steady evals / h" column: the middle
+# half of the verdicts, so the run's one-off start-up (inputs, baselines, the seed alone) and its drain are left out.
 #
 #   source scripts/gpu_env.sh && source scripts/gpu_ray_env.sh
 #   bash benchmarks/ray_scaling.sh OUT_DIR [TASK=rmsnorm] [MAX_WALL=200] [GPU_COUNTS="1 2"] [optimize_suite args...]

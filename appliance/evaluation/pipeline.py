@@ -75,6 +75,9 @@ class Outcome:
         return self.verdict == "pass"
 
 
+PROFILE_MIN_GAIN = 1.03  # a passing candidate is profiled (Nsight Compute) when it beats the run's best by 3%
+
+
 def default_slots(gpus: int, cores: int | None = None) -> int:
     """Evaluations in flight per device when the user does not say, on a host with `gpus` evaluation GPUs and
     `cores` CPU cores (default: this host's). On a GPU, most of an evaluation is CPU work (processes, imports, files)
@@ -392,12 +395,13 @@ class Pipeline:
     def _could_fit_alone(self, result: dict, nbytes: int) -> bool:
         """Whether the allocation an out-of-memory error names ("Tried to allocate 20.00 GiB") fits in the budget beside
         the process's own estimate; True when either is unknown."""
-        found = re.search(r"Tried to allocate ([\d.]+) ?([KMGT]i?B|bytes|B)\b", str(result.get("message", "")))
+        # The candidate's process wrote the message: read it as text, never trust it to parse.
+        found = re.search(r"Tried to allocate (\d+(?:\.\d+)?) ?([KMGT]i?B|bytes|B)\b", str(result.get("message", "")))
         if not found or not self.gate.memory_bytes:
             return True
         scale = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 1e3, "MB": 1e6,
                  "GB": 1e9, "TB": 1e12}
-        return float(found[1]) * scale.get(found[2], 1) <= self.gate.memory_bytes - (nbytes or 0)
+        return float(found[1]) * scale[found[2]] <= self.gate.memory_bytes - (nbytes or 0)
 
     def _whole_budget(self) -> int:
         """What a process that measures from start to end holds: the whole budget, as it is alone on the device

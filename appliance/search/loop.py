@@ -14,14 +14,14 @@ import math
 import random
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from appliance.db import Store
 from appliance.db.models import Candidate
 from appliance.errors import InfrastructureError, TaskError
-from appliance.evaluation.pipeline import Outcome, Pipeline
+from appliance.evaluation.pipeline import PROFILE_MIN_GAIN, Outcome, Pipeline
 from appliance.metrics import Metrics
 from appliance.proposers.base import Example, Measured, PromptContext, Proposal
 from appliance.proposers.edits import source_hash
@@ -30,7 +30,6 @@ from appliance.tasks import Task
 
 
 BARREN_GENERATIONS = 3  # generations in a row without a new candidate to evaluate end the run
-PROFILE_MIN_GAIN = 1.03  # a passing candidate is profiled (Nsight Compute) when it beats the best by 3%
 BUDGETS = ("max_candidates", "max_gpu_seconds", "max_wall_s", "max_tokens")
 
 
@@ -123,11 +122,14 @@ class Optimizer:
         in_flight: dict[Future, tuple[Candidate, Pipeline]] = {}
         screen_slots = [s for s in self.screens for _ in range(s.slots)]
         screening: dict[Future, tuple[Candidate, object]] = {}
-        cleared: set[int] = set()  # candidates the screens let through (or that need none)
+        cleared: set[int] = set()  # candidates the screens let through
+        # Screens on their own threads, never waited for at the end: a check's verdict is disposable (the candidate
+        # stays queued), and a screen that hangs must not hold up a finish, a pause or a stop.
+        screen_pool = ThreadPoolExecutor(max(1, len(screen_slots)))
         proposed_after = -1  # results recorded when we last proposed: propose again only after a new one
         recorded = 0
         status = "running"
-        with ThreadPoolExecutor(len(slots) + len(self.pipelines) + len(screen_slots)) as pool:
+        with ThreadPoolExecutor(len(slots) + len(self.pipelines)) as pool:
             # Every worker prepares the task's inputs and baselines now, while the first candidates are evaluated
             # on another: a GPU that waited for its first candidate to start preparing joined a run ~1 min late.
             for pipeline in self.pipelines:
@@ -142,16 +144,17 @@ class Optimizer:
                     queued = [c for c, _ in self.store.run_candidates(self.run_id) if c.status == "queued"]
                     if self.metrics:
                         self.metrics.queue_depth.set(len(queued))
-                    queued = self._screen_queued(queued, screening, cleared, screen_slots, pool)
-                    free = _free_slots(slots, [p for _, p in in_flight.values()])
                     room = self._room() - len(in_flight)
-                    starting = list(zip(queued[:max(room, 0)], free))
+                    ready = self._screen_queued(queued, screening, cleared, screen_slots, screen_pool, room)
+                    free = _free_slots(slots, [p for _, p in in_flight.values()])
+                    starting = list(zip(ready[:max(room, 0)], free))
                     for candidate, pipeline in starting:
                         self.store.set_candidate_status(candidate.id, "evaluating")
                         in_flight[pool.submit(self._evaluate_one, candidate, pipeline)] = (candidate, pipeline)
                     # Slots still empty: a generation fills them all (not just `batch` of them), else a run with
                     # many slots ramps up one slot per verdict and most of its slots idle through a short run.
-                    empty = min(len(free), max(room, 0)) - len(starting)
+                    # Candidates still to be screened will take slots too: no proposals for those.
+                    empty = min(len(free), max(room, 0)) - len(starting) - (len(queued) - len(ready))
                     size = max(self.config.batch, empty)
                     if not in_flight and not screening:
                         if not self._propose_generation(size):
@@ -172,7 +175,7 @@ class Optimizer:
                                 if (rejected := future.result()) is None:
                                     cleared.add(candidate.id)
                                     continue
-                                self._record(candidate, rejected)
+                                self._record(candidate, rejected, screened=True)
                             else:
                                 candidate, _ = in_flight.pop(future)
                                 self._record(candidate, future.result())
@@ -191,37 +194,43 @@ class Optimizer:
                     except InfrastructureError as e:
                         failure = failure or e
                 self.state["elapsed_s"] += time.monotonic() - started
+                screen_pool.shutdown(wait=False, cancel_futures=True)
                 if failure:
                     raise failure
         return status
 
     def _screen_queued(self, queued: list[Candidate], screening: dict, cleared: set[int], screen_slots: list,
-                       pool: ThreadPoolExecutor) -> list[Candidate]:
+                       pool: ThreadPoolExecutor, room: int) -> list[Candidate]:
         """The queued candidates that may go to a GPU now; those that need a compile-only check first are sent to a
-        free screen (the tuner's need none: they are settings of a kernel that built)."""
+        free screen, as many as the candidate budget has room for (a rejection counts as an evaluation). The tuner's
+        need none: they are settings of a kernel that built."""
         if not screen_slots:
             return queued
         busy = [s for _, s in screening.values()]
         free = [s for s in dict.fromkeys(screen_slots) for _ in range(screen_slots.count(s) - busy.count(s))]
         waiting = {c.id for c, _ in screening.values()}
-        ready = []
+        ready = [c for c in queued if c.id in cleared or c.proposer == "tune"]
         for c in queued:
-            if c.id in cleared or c.proposer == "tune":
-                ready.append(c)
-            elif c.id not in waiting and free:
-                screen = free.pop(0)
-                screening[pool.submit(self._screen_one, c, screen)] = (c, screen)
+            if c.id in cleared or c.proposer == "tune" or c.id in waiting:
+                continue
+            if not free or len(ready) + len(screening) >= room:
+                break
+            screen = free.pop(0)
+            screening[pool.submit(self._screen_one, c, screen)] = (c, screen)
         return ready
 
     def _screen_one(self, candidate: Candidate, screen) -> Outcome | None:
-        path = self.work_dir / f"candidate-{candidate.id}.py"
-        path.write_text(candidate.source)
         try:
-            return screen.screen(self.task, path)
+            path = self.work_dir / f"candidate-{candidate.id}.py"
+            path.write_text(candidate.source)
+            rejected = screen.screen(self.task, path)
         except Exception as exc:  # noqa: BLE001 - a screen that breaks costs only the screening: the GPU decides
             self.log(f"candidate {candidate.id}: the compile-only check failed ({type(exc).__name__}: {exc}); "
                      "evaluating it on the GPU all the same")
             return None
+        if rejected is not None:
+            rejected = replace(rejected, mode=self.config.mode or rejected.mode)
+        return rejected
 
     def _prepare(self, pipeline: Pipeline) -> None:
         try:
@@ -301,12 +310,12 @@ class Optimizer:
                        jailed=True, device=device, mode=self.config.mode or ("full" if device == "cuda" else "small"),
                        details={"infrastructure_error": str(error)})
 
-    def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError) -> None:
+    def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError, screened: bool = False) -> None:
         if isinstance(outcome, InfrastructureError):
             outcome = self._infrastructure_failure(candidate, outcome)
             if outcome is None:
                 return
-        else:
+        elif not screened:  # a screen's verdict says nothing of whether the GPU workers work
             self.failure_streak = 0
         o = outcome
         if self.metrics:

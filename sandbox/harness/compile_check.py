@@ -7,12 +7,19 @@ rejected before it takes a GPU worker's slot. Runs jailed, as the candidate: it 
         its argument types, constexprs, num_warps and num_stages)
     python -m sandbox.harness.compile_check build SPEC
         each recorded launch compiled for spec["arch"] (e.g. 90 for the H200)
+    python -m sandbox.harness.compile_check canary SPEC
+        a known-good kernel compiled the same way: a host whose compiler or ptxas does not work must not reject
+        anything (the screen turns itself off)
 
 The interpreter runs Python as Python, so a kernel that it runs may still not build (a `break`, a Python call, a
 type the compiler refuses); that is what `build` finds. A launch the interpreter refused is built too: only the
-compiler's refusal rejects a candidate. Result (spec["result"]): record: {"status": "recorded", "launches": [...]};
-build: {"status": "built", "kernels": N} or {"status": "compile_error", "kernel", "reason"};
-either: {"status": "inconclusive", "reason"} when the check itself could not be made (the GPU evaluation decides).
+compiler's refusal rejects a candidate, and only when every recorded launch of that kernel is refused (the autotuner
+skips a config that does not build; the interpreter runs them all). Arguments of other types than tensors, ints,
+floats and bools (a TMA descriptor, say) are not typed here: such a launch is not built.
+
+Result (spec["result"]): record: {"status": "recorded", "launches": [...]}; build and canary: {"status": "built",
+"kernels": N}, or for build {"status": "compile_error", "kernel", "reason"}; any: {"status": "inconclusive",
+"reason"} when the check itself could not be made (the GPU evaluation decides).
 The task's own file is loaded here to make inputs: the candidate may see it, as an LLM sees it in its prompt.
 """
 
@@ -21,11 +28,12 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
 
-from sandbox.harness.common import is_compile_error, load_module, write_result
+from sandbox.harness.common import load_module, write_result
 
 TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64",
                 "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1"}
@@ -35,7 +43,7 @@ def main(argv: list[str]) -> int:
     command, spec_path = argv
     spec = json.loads(Path(spec_path).read_text())
     try:
-        result = record(spec) if command == "record" else build(spec)
+        result = {"record": record, "build": build, "canary": canary}[command](spec)
     except Exception as exc:  # noqa: BLE001 - whatever broke the check, the GPU evaluation will see again
         result = {"status": "inconclusive", "reason": f"{type(exc).__name__}: {exc}"[:2000],
                   "traceback": traceback.format_exc()[-4000:]}
@@ -60,8 +68,10 @@ def launch_of(fn, args: tuple, kwargs: dict) -> dict:
             signature[name] = "i1"
         elif isinstance(value, int):
             signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-        else:
+        elif isinstance(value, float):
             signature[name] = "fp32"
+        else:
+            return {"kernel": fn.__name__, "untyped": f"{name}: {type(value).__name__}"}
     return {"kernel": fn.__name__, "signature": signature, "constexprs": constexprs,
             "options": {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}}
 
@@ -134,22 +144,64 @@ def build_launch(module, launch: dict, arch: int, warp_size: int = 32):
     return triton.compile(source, target=GPUTarget("cuda", arch, warp_size), options=launch["options"])
 
 
+def refused_by_compiler(exc: BaseException) -> bool:
+    """The compiler's word on the kernel (its front end, or ptxas rejecting the code), as opposed to a tool that is
+    missing, killed or broken on this host, which says nothing about the kernel."""
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import PTXASError
+
+    if isinstance(exc, CompilationError):
+        return True
+    if isinstance(exc, PTXASError):
+        code = re.search(r"failed with error code (\d+)", str(exc))
+        return bool(code) and int(code[1]) < 128  # 128 + N: ptxas died of signal N (the jail's limits, say)
+    return False
+
+
 def build(spec: dict) -> dict:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("build runs without the Triton interpreter")
-    launches = json.loads(Path(spec["launches_file"]).read_text())["launches"]
+    launches = [launch for launch in json.loads(Path(spec["launches_file"]).read_text())["launches"]
+                if "untyped" not in launch]
     module = load_module(spec["candidate_file"], "candidate")
-    built = 0
+    refusals: dict[str, list[str]] = {}
+    built: set[str] = set()
     for launch in launches:
         try:
             kernel = build_launch(module, launch, spec["arch"])
-        except Exception as exc:  # noqa: BLE001 - sorted below: the compiler's refusal, or our own failure
-            if not (is_compile_error(exc) or "ptxas" in str(exc).lower()):
+        except Exception as exc:  # noqa: BLE001 - the compiler's refusal, or our own failure (undecided)
+            if not refused_by_compiler(exc):
                 raise
-            return {"status": "compile_error", "kernel": launch["kernel"],
-                    "reason": f"{type(exc).__name__}: {exc}"[:3000]}
-        built += kernel is not None
-    return {"status": "built", "kernels": built}
+            refusals.setdefault(launch["kernel"], []).append(f"{type(exc).__name__}: {exc}"[:3000])
+            continue
+        if kernel is not None:
+            built.add(launch["kernel"])
+    refused = [name for name in refusals if name not in built]  # every launch of it refused
+    if refused:
+        return {"status": "compile_error", "kernel": refused[0], "reason": refusals[refused[0]][0]}
+    return {"status": "built", "kernels": len(built)}
+
+
+CANARY_SOURCE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def canary_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2.0, mask=offs < n)
+"""
+CANARY_LAUNCH = {"kernel": "canary_kernel", "signature": {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32",
+                                                          "BLOCK": "constexpr"},
+                 "constexprs": {"BLOCK": 256}, "options": {"num_warps": 4}}
+
+
+def canary(spec: dict) -> dict:
+    path = Path(spec["canary_file"])
+    path.write_text(CANARY_SOURCE)
+    build_launch(load_module(path, "canary"), CANARY_LAUNCH, spec["arch"])
+    return {"status": "built", "kernels": 1}
 
 
 if __name__ == "__main__":

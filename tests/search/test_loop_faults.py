@@ -315,3 +315,63 @@ def test_the_compile_check_lets_a_kernel_that_builds_through_and_skips_the_tuner
     verdicts = {c.proposer: e.verdict for c, e in store.run_candidates(run_id)}
     assert verdicts == {"seed": "pass", "tune": "pass"}, verdicts
     assert screen.checked == [seed]  # the seed was checked; the tuner's settings of it were not
+
+
+def test_with_slow_screens_the_loop_neither_overshoots_its_budget_nor_piles_up_proposals(tmp_path):
+    """Candidates waiting for a compile check count against the free slots and the candidate budget: the loop does
+    not keep proposing while they wait, and screen rejections do not take the run past --max-candidates."""
+    import itertools
+    import random
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from appliance.evaluation.pipeline import Outcome
+    from appliance.proposers.base import Proposal
+
+    class LikeAnLLM:  # a new source every time, from a proposer whose candidates are screened
+        name = "llm"
+
+        def __init__(self, seed):
+            self.seed, self.asked = seed, itertools.count()
+
+        def propose(self, ctx, n):
+            return [Proposal(source=self.seed + f"\nVARIANT = {next(self.asked)}\n", proposer="llm") for _ in range(n)]
+
+    class QuickPipeline:
+        slots, profile_if = 4, None
+        jail = SimpleNamespace(gpu=None, unsafe_no_jail=False)
+
+        def prepare(self, task):
+            pass
+
+        def close(self):
+            pass
+
+        def evaluate(self, task, path):
+            time.sleep(0.05)
+            return Outcome(verdict="pass", stage="done", reason="", jailed=True, device="cpu", mode="small",
+                           speedup_vs_eager=1.0 + random.random())
+
+    class SlowScreen:
+        slots = 1
+
+        def __init__(self):
+            self.turn, self.lock = itertools.count(), threading.Lock()
+
+        def screen(self, task, path, display_path=None):
+            time.sleep(0.3)
+            with self.lock:
+                reject = next(self.turn) % 2 == 1
+            return Outcome(verdict="compile_error", stage="compile", reason="refused", jailed=True, device="cpu",
+                           mode="full") if reject else None
+
+    store, run_id, cfg, seed = make_run(tmp_path, max_candidates=12, batch=2)
+    proposer = LikeAnLLM(seed)
+    opt = Optimizer(store, run_id, load_task(SOFTMAX), [QuickPipeline()], proposer, cfg, tmp_path / "work",
+                    screens=[SlowScreen()])
+    assert opt.run().evaluated == 12  # not 13: rejections count, and screens start only while there is room
+    verdicts = [e.verdict for _, e in store.run_candidates(run_id) if e is not None]
+    assert "compile_error" in verdicts and "pass" in verdicts
+    left = [c for c, e in store.run_candidates(run_id) if e is None and c.status == "queued"]
+    assert len(left) <= QuickPipeline.slots + cfg.batch, (len(left), proposer.asked)  # was 55 left, of 74
