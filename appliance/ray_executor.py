@@ -61,6 +61,19 @@ def cluster_device(address: str, device: str) -> str:
     return "cuda" if _ray().cluster_resources().get("GPU", 0) >= 1 else "cpu"
 
 
+def _close_actor(actor) -> None:
+    """The actor's own clean-up (its files on its node), then the actor."""
+    ray = _ray()
+    try:
+        ray.get(actor.close.remote(), timeout=30)
+    except Exception:  # noqa: BLE001 - a dead or unplaced actor has nothing to clean; kill it all the same
+        pass
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
 def default_slots_on_cluster(address: str, device: str) -> int:
     """Evaluations in flight per worker when the user does not say: `default_slots` of each GPU host, from its own
     cores and GPUs (not the controller's), the smallest over the cluster's GPU hosts, since the loop gives every worker
@@ -175,12 +188,7 @@ class RayPipeline:
 
     def close(self) -> None:
         """Remove the worker's kept inputs and free its GPU (the next run starts its own workers)."""
-        ray = _ray()
-        try:
-            ray.get(self.actor.close.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - a dead or unplaced worker has nothing to clean; kill it all the same
-            pass
-        ray.kill(self.actor, no_restart=True)
+        _close_actor(self.actor)
 
 
 class EvaluationWorker:
@@ -293,15 +301,7 @@ class RayCompileScreen:
 
     def close(self) -> None:
         """Remove the node's copies (tasks, jobs), then the actor."""
-        ray = _ray()
-        try:
-            ray.get(self.actor.close.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - a dead or unplaced screen has nothing to clean
-            pass
-        try:
-            ray.kill(self.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        _close_actor(self.actor)
 
 
 class CompileWorker:

@@ -206,8 +206,7 @@ class Optimizer:
         need none: they are settings of a kernel that built."""
         if not screen_slots:
             return queued
-        busy = [s for _, s in screening.values()]
-        free = [s for s in dict.fromkeys(screen_slots) for _ in range(screen_slots.count(s) - busy.count(s))]
+        free = _free_slots(screen_slots, [s for _, s in screening.values()])
         waiting = {c.id for c, _ in screening.values()}
         ready = [c for c in queued if c.id in cleared or c.proposer == "tune"]
         for c in queued:
@@ -221,9 +220,7 @@ class Optimizer:
 
     def _screen_one(self, candidate: Candidate, screen) -> Outcome | None:
         try:
-            path = self.work_dir / f"candidate-{candidate.id}.py"
-            path.write_text(candidate.source)
-            rejected = screen.screen(self.task, path)
+            rejected = screen.screen(self.task, self._candidate_file(candidate))
         except Exception as exc:  # noqa: BLE001 - a screen that breaks costs only the screening: the GPU decides
             self.log(f"candidate {candidate.id}: the compile-only check failed ({type(exc).__name__}: {exc}); "
                      "evaluating it on the GPU all the same")
@@ -282,9 +279,13 @@ class Optimizer:
             for pipeline in self.pipelines:
                 pipeline.close()
 
-    def _evaluate_one(self, candidate: Candidate, pipeline: Pipeline) -> Outcome | InfrastructureError:
+    def _candidate_file(self, candidate: Candidate) -> Path:
         path = self.work_dir / f"candidate-{candidate.id}.py"
         path.write_text(candidate.source)
+        return path
+
+    def _evaluate_one(self, candidate: Candidate, pipeline: Pipeline) -> Outcome | InfrastructureError:
+        path = self._candidate_file(candidate)
         try:
             return pipeline.evaluate(self.task, path)
         except InfrastructureError as e:  # the worker's fault, not the candidate's: it goes back to the queue
