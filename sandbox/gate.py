@@ -3,11 +3,12 @@
 Starting processes, importing, reading and writing files take most of an evaluation's time and need no GPU; they
 overlap freely. GPU work comes in two kinds, and a `DeviceGate` (a readers-writer lock) keeps them apart:
 
-  - measuring (correctness calls, timing, the float64 check, baselines, ceilings, Nsight Compute): an exclusive turn,
-    with no other work of ours on the device, because other contexts' kernels and copies time-slice with the
-    measured ones and skew both the timings and the energy;
-  - light use (uploading inputs, building models, the first call that compiles, downloading outputs): a shared turn,
-    any number at once, never during an exclusive one.
+  - measuring (timing, baselines, ceilings, Nsight Compute): an exclusive turn, with no other work of ours on the
+    device, because other contexts' kernels and copies time-slice with the measured ones and skew both the timings
+    and the energy;
+  - light use (uploading inputs, building models, the first call that compiles, the correctness calls, the float64
+    check, downloading outputs): a shared turn, any number at once, never during an exclusive one. Correctness is
+    the same whatever else runs beside it, and the exclusive turns are what bounds a device's evaluations per hour.
 
 Device memory is held from a process's first upload to its last download, across turns: a full-size evaluation
 holds ~10 GiB for most of its GPU life. So a process is *resident* from its first turn request until it says its

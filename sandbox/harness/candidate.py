@@ -152,17 +152,23 @@ def run(spec: dict) -> dict:
 
     stages.done("compile")
 
-    # 2. With the device to itself: the correctness calls, then the timing loop.
+    # 2. The correctness calls, in a shared turn: they measure nothing, so other evaluations' light use (uploads,
+    #    first calls, checks) may overlap them; only timing needs the device to itself.
     timings, provenance, to_save = {}, {}, []
-    with device_turn():
+    _progress(spec, "correctness")
+    with device_turn(shared=True):
         stages.done("wait_for_device")
         for shape, sets in staged:
-            _progress(spec, "correctness")
             for seed, model, args, before in sets:
                 outs = _correctness_call(model, args, before, shape, seed, watch, launches, provenance, sync,
                                          path, stages)
                 to_save.append((f"{shape['name']}-{seed}.pt", outs))
-            _progress(spec, "timing")
+
+    # 3. With the device to itself: the timing loop.
+    _progress(spec, "timing")
+    with device_turn():
+        stages.done("wait_for_device")
+        for shape, sets in staged:
             timed_model, input_sets = sets[0][1], [s[2] for s in sets]  # the first seed's model times all
             try:
                 timings[shape["name"]], spot = time_calls(timed_model, input_sets, device,
@@ -178,7 +184,7 @@ def run(spec: dict) -> dict:
             del input_sets, sets[:]
             stages.done("timing")
 
-    # 3. Outputs downloaded, then written for the trusted check. Once downloaded, nothing of ours is left on the
+    # 4. Outputs downloaded, then written for the trusted check. Once downloaded, nothing of ours is left on the
     #    device: freed, and the gate told so, so that another evaluation may be admitted while this one writes its
     #    files (sandbox/gate.py).
     host = _download(to_save, device, sync)

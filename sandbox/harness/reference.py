@@ -196,7 +196,8 @@ def check(spec: dict) -> dict:
     with device_turn(shared=True):
         files.upload()
     t1 = time.perf_counter()
-    with device_turn():
+    # Shared too: the float64 recomputation measures nothing, and other evaluations' light use may overlap it.
+    with device_turn(shared=True):
         t2 = time.perf_counter()
         result = _check(spec, files, task)
     return result | {"stage_s": {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3),

@@ -99,4 +99,6 @@ def test_gpu_evidence_cross_check_energy_roofline_and_ncu(appliance, softmax_tas
     assert evidence["launches_per_call"] == 1
     assert evidence["ceilings"]["measured"]["read_bytes_per_s"] > 1e12
     print("\nceilings", evidence["ceilings"], "\nncu", result["ncu"], "\ntiming", cand)
-    assert result["ncu"]["dram_throughput_pct"] > 10, result["ncu"]  # a softmax at full size streams memory
+    # Read at all (under either of Nsight Compute's names for it): the test task's "full" size is 8 x 128, a few KB,
+    # so the share of DRAM bandwidth is tiny (0.07 % on the H200), but a metric that was not found reads 0.
+    assert result["ncu"]["dram_throughput_pct"] > 0, result["ncu"]
