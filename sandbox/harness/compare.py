@@ -8,8 +8,6 @@ from __future__ import annotations
 
 def compare_outputs(outs: list, refs: list, expected: list[dict], tolerances: dict, where: str) -> dict | None:
     """`expected` holds the eager model's output dtypes/shapes; `where` says which shape and seed."""
-    import torch
-
     if len(outs) != len(refs):
         return _fail("wrong_shape", f"forward returned {len(outs)} output(s), expected {len(refs)} {where}")
     for i, (out, ref, exp) in enumerate(zip(outs, refs, expected)):
@@ -20,45 +18,69 @@ def compare_outputs(outs: list, refs: list, expected: list[dict], tolerances: di
         if dtype != exp["dtype"]:
             return _fail("wrong_dtype", f"{label} has dtype {dtype}, expected {exp['dtype']} {where}")
         tol = tolerances.get(dtype, {"atol": 0.0, "rtol": 0.0})
-        failure = _compare_values(out.to(torch.float64), ref.to(torch.float64), tol, f"{label} {where}")
+        failure = _compare_values(out, ref, tol, f"{label} {where}")
         if failure:
             return failure
     return None
 
 
+CHUNK = 1 << 24  # elements compared at once: the comparison's float64 temporaries stay ~1 GiB at any output size
+
+
 def _compare_values(out, ref, tol: dict, where: str) -> dict | None:
+    """In chunks of the flattened outputs, so that the temporaries do not grow with the output (comparing a 1 GiB
+    output whole held ~10 GiB of them on a device shared with other evaluations)."""
     import torch
 
-    ref_finite = torch.isfinite(ref)
-    out_finite = torch.isfinite(out)
+    shape = ref.shape
+    out, ref = out.reshape(-1), ref.reshape(-1)
+
+    def chunks():  # converted one at a time: a list of them would hold the whole output in float64 again
+        for i in range(0, ref.numel(), CHUNK):
+            yield i, out[i:i + CHUNK].to(torch.float64), ref[i:i + CHUNK].to(torch.float64)
+
     # Non-finite values pass only where the reference has the very same ones (NaN for NaN, +inf for +inf).
-    same_nonfinite = (torch.isnan(out) & torch.isnan(ref)) | (torch.isinf(ref) & (out == ref))
-    bad = (~out_finite | ~ref_finite) & ~same_nonfinite
-    if bad.any():
-        idx = _index(bad.nonzero()[0])
-        return _fail(
-            "nan_inf",
-            f"{int(bad.sum())} NaN/Inf value(s) where the reference differs, first at element {idx} "
-            f"(got {out[idx].item()}, expected {ref[idx].item()}) {where}",
-        )
-    both = ref_finite & out_finite
-    err = torch.where(both, (out - ref).abs(), torch.zeros_like(ref))
-    allowed = tol["atol"] + tol["rtol"] * ref.abs()
-    excess = torch.where(both, err - allowed, torch.full_like(ref, -1.0))
-    if excess.numel() == 0 or excess.max() <= 0:
+    n_bad, first = 0, None
+    for start, o, r in chunks():
+        same_nonfinite = (o.isnan() & r.isnan()) | (r.isinf() & (o == r))
+        bad = (~o.isfinite() | ~r.isfinite()) & ~same_nonfinite
+        count = int(bad.sum())
+        if count and first is None:
+            first = start + int(bad.nonzero()[0, 0])
+        n_bad += count
+    if n_bad:
+        return _fail("nan_inf", f"{n_bad} NaN/Inf value(s) where the reference differs, first at element "
+                                f"{_unflat(first, shape)} (got {out[first].item()}, expected {ref[first].item()}) "
+                                f"{where}")
+    worst, worst_excess, n_out, largest = None, 0.0, 0, 0.0
+    for start, o, r in chunks():
+        both = o.isfinite() & r.isfinite()
+        err = torch.where(both, (o - r).abs(), 0.0)
+        excess = torch.where(both, err - (tol["atol"] + tol["rtol"] * r.abs()), -1.0)
+        largest = max(largest, float(err.max()))
+        n_out += int((excess > 0).sum())
+        top = int(excess.argmax())
+        if float(excess[top]) > worst_excess:
+            worst, worst_excess = start + top, float(excess[top])
+    if worst is None:
         return None
-    worst = _index(torch.unravel_index(excess.argmax(), excess.shape))
-    n_bad = int((excess > 0).sum())
+    got, expected = out[worst].item(), ref[worst].item()
+    allowed = tol["atol"] + tol["rtol"] * abs(expected)
     return _fail(
         "wrong_output",
-        f"max abs err {err[worst].item():.2g} > tol {allowed[worst].item():.2g} {where}, element {worst} "
-        f"(got {out[worst].item():.6g}, expected {ref[worst].item():.6g}; "
-        f"{n_bad} of {ref.numel()} elements out of tolerance; largest abs err {err.max().item():.2g})",
+        f"max abs err {abs(got - expected):.2g} > tol {allowed:.2g} {where}, element {_unflat(worst, shape)} "
+        f"(got {got:.6g}, expected {expected:.6g}; {n_out} of {ref.numel()} elements out of tolerance; "
+        f"largest abs err {largest:.2g})",
     )
 
 
-def _index(idx) -> tuple:
-    return tuple(int(i) for i in idx)
+def _unflat(flat: int, shape) -> tuple:
+    """A flat element number as an index into `shape`."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 def _fail(kind: str, reason: str) -> dict:

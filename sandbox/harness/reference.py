@@ -36,10 +36,26 @@ def main(argv: list[str]) -> int:
     prepare_device(spec["device"])
     try:
         result = {"prepare": prepare, "check": check}[command](spec)
-    except TaskFault as fault:
-        result = {"status": "task_error", "reason": str(fault), **fault.info}
+    except BaseException as exc:  # noqa: BLE001 - sorted below; anything else is our bug and propagates
+        oom = _device_out_of_memory(exc)
+        if oom is not None:
+            # Beside other evaluations the device may simply have been full: the controller runs it again alone.
+            result = {"status": "out_of_memory", "reason": str(exc)[:2000], "message": oom}
+        elif isinstance(exc, TaskFault):
+            result = {"status": "task_error", "reason": str(exc), **exc.info}
+        else:
+            raise
     write_result(spec["result"], result)
     return 0
+
+
+def _device_out_of_memory(exc: BaseException | None) -> str | None:
+    """The message of a device out-of-memory error in exc or what caused it, or None."""
+    while exc is not None:
+        if type(exc).__name__ == "OutOfMemoryError":
+            return str(exc)[:2000]
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _task_call(what: str, spec: dict, fn, *args):

@@ -191,3 +191,36 @@ def test_resident_estimate_counts_inputs_outputs_and_strided_copies(tmp_path):
     outputs = 3 * 400 + 3 * 20  # two seeds and the timed call
     assert candidate == 2 * inputs + 1000 + 2 * outputs + PROCESS_ALLOWANCE_BYTES
     assert check == inputs + outputs + 1000 * 2 + 100 * 8 + PROCESS_ALLOWANCE_BYTES  # float64 copies of main's case
+
+
+def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone(tmp_path):
+    """The trusted check ran out of device memory while another process was resident (its neighbours' estimates are
+    estimates): it is run once more with the device to itself, and the evaluation stands on that run. One that runs
+    out alone is the task's error, said as such, not a crash of the run."""
+    from appliance.errors import TaskError
+    from appliance.tasks import load_task
+    from sandbox.gate import TurnRecord
+
+    task = load_task(FIXTURES / "tasks" / "check_out_of_memory.py")
+    pipeline = _pipeline(tmp_path, slots=1)
+    neighbour = TurnRecord()
+    pipeline.gate.admit(neighbour, 1)  # another evaluation's process, resident while the first check runs ...
+
+    def leave_once_the_check_ran_out():  # ... so that the retry, which waits for the device to itself, can start
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("eval-*/check/ran-out-once")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pipeline.gate.leave(neighbour)
+
+    threading.Thread(target=leave_once_the_check_ran_out, daemon=True).start()
+    outcome = pipeline.evaluate(task, candidate("good"))
+    assert outcome.verdict == "pass", outcome.reason
+    # prepare, the candidate, and the check twice
+    assert len(outcome.details["device_turns"]["held_s_by_process"]) == 4, outcome.details["device_turns"]
+
+    always = tmp_path / "always_oom.py"
+    always.write_text(task.path.read_text().replace("OOM_ONCE = True", "OOM_ONCE = False"))
+    (tmp_path / "always_oom.toml").write_text(task.manifest_path.read_text())
+    with pytest.raises(TaskError, match="ran out of device memory with the device to itself"):
+        pipeline.evaluate(load_task(always), candidate("good"))
+    pipeline.close()
