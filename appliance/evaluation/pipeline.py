@@ -36,6 +36,7 @@ from sandbox.jail import Jail, JailResult, JailUnavailable
 STAGES = ("load", "compile", "correctness", "timing", "done")
 MEMORY_BUDGET_FRACTION = 0.9  # of the GPU's memory: what the evaluations in flight may hold at once (sandbox/gate.py)
 PROCESS_ALLOWANCE_BYTES = 1 << 30  # device memory of one process beyond its tensors: CUDA context, allocator slack
+CHECK_COMPARE_BYTES = 1 << 30  # the comparison's float64 temporaries (sandbox/harness/compare.py: chunks of 16 M)
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -622,15 +623,16 @@ def resident_estimate(inputs_dir: Path, spec: dict, prepared_shapes: list[dict])
       candidate: every input set twice (the sets, and the snapshots that show whether a call modified them),
         a copy of the largest set (the first call runs on a copy), the outputs twice (what forward returns and
         the clones kept for the check; per seed and the timed call's), and PROCESS_ALLOWANCE_BYTES;
-      check: every input set and output (all uploaded at once), float64 copies of the largest case's inputs and
-        reference outputs (the reference is recomputed in float64), and PROCESS_ALLOWANCE_BYTES.
+      check: one case at a time (sandbox.harness.reference uploads a case when it checks it): the largest case's
+        input set and outputs, their float64 copies (the reference is recomputed in float64), the comparison's
+        float64 temporaries (CHECK_COMPARE_BYTES: it works in chunks), and PROCESS_ALLOWANCE_BYTES.
 
     An estimate: a candidate that allocates much more (workspaces) may run out of memory beside its neighbours,
     and is then run again alone (Pipeline._candidate)."""
     seeds = spec["seeds"]
     widen = 8 / DTYPE_BYTES.get(spec["dtype"] or "float32", 4)  # to float64
     strided = {s["name"] for s in spec["shapes"] if s.get("layout") == "strided"}  # twice as wide on the device
-    inputs = outputs = largest_set = largest_f64 = 0
+    inputs = outputs = largest_set = largest_case = 0
     for shape in prepared_shapes:
         sets = [(inputs_dir / f"{shape['name']}-{seed}.pt").stat().st_size * (2 if shape["name"] in strided else 1)
                 for seed in seeds]
@@ -638,9 +640,10 @@ def resident_estimate(inputs_dir: Path, spec: dict, prepared_shapes: list[dict])
         inputs += sum(sets)
         outputs += out * (len(seeds) + 1)
         largest_set = max(largest_set, *sets)
-        largest_f64 = max(largest_f64, max(sets) * widen + sum(math.prod(o["shape"]) * 8 for o in shape["outputs"]))
+        out_f64 = sum(math.prod(o["shape"]) * 8 for o in shape["outputs"])
+        largest_case = max(largest_case, max(sets) * (1 + widen) + out + out_f64)
     candidate = 2 * inputs + largest_set + 2 * outputs + PROCESS_ALLOWANCE_BYTES
-    check = inputs + outputs + int(largest_f64) + PROCESS_ALLOWANCE_BYTES
+    check = int(largest_case) + CHECK_COMPARE_BYTES + PROCESS_ALLOWANCE_BYTES
     return candidate, check
 
 

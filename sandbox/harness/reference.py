@@ -208,17 +208,15 @@ def check(spec: dict) -> dict:
             files.read(_input_path(spec, shape["name"], seed))
             files.read(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
         files.read(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
-    read_s = time.perf_counter() - t0
-    with device_turn(shared=True):
-        files.upload()
     t1 = time.perf_counter()
-    # Shared too: the float64 recomputation measures nothing, and other evaluations' light use may overlap it.
+    # One shared turn (the float64 recomputation measures nothing: other evaluations' light use may overlap it),
+    # in which each case is uploaded when it is checked and dropped after: the device holds one case at a time.
     with device_turn(shared=True):
         t2 = time.perf_counter()
         result = _check(spec, files, task)
     return result | {"stage_s": {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3),
-                                 "read": round(read_s, 3), "upload": round(t1 - t0 - read_s, 3),
-                                 "wait_for_device": round(t2 - t1, 3), "compare": round(time.perf_counter() - t2, 3)}}
+                                 "read": round(t1 - t0, 3), "wait_for_device": round(t2 - t1, 3),
+                                 "compare": round(time.perf_counter() - t2, 3)}}
 
 
 def _told_to_go(go: Path, stop: Path) -> bool:
@@ -231,8 +229,9 @@ def _told_to_go(go: Path, stop: Path) -> bool:
 
 
 class _Files:
-    """Tensors files read ahead. weights_only: outputs were written by untrusted code; never unpickle objects.
-    A file that failed to load raises its error when it is used."""
+    """Tensor files, mapped ahead (reading costs nothing until a tensor is used) and uploaded each time one is used,
+    so that the device holds only what the case being checked uses. weights_only: outputs were written by
+    untrusted code; never unpickle objects. A file that failed to load raises its error when it is used."""
 
     def __init__(self, device: str):
         self.device, self.loaded = device, {}
@@ -245,28 +244,15 @@ class _Files:
         except Exception as exc:  # noqa: BLE001 - reported where the file is used
             self.loaded[path] = exc
 
-    def upload(self, paths=None) -> None:
-        """Tensors read so far, to the device (in a shared turn: no measuring meanwhile)."""
-        import torch
-
-        for path in paths or list(self.loaded):
-            value = self.loaded[path]
-            if not isinstance(value, Exception):
-                try:
-                    self.loaded[path] = _map(value, lambda t: t.to(self.device))
-                except Exception as exc:  # noqa: BLE001 - a strange structure from untrusted code
-                    self.loaded[path] = exc
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-
-    def get(self, path: Path):
+    def get(self, path: Path, part: str | None = None):
+        """The file's tensors (or those of one `part` of it) on the device: a fresh upload, freed when the caller
+        lets go of it."""
         if path not in self.loaded:
             self.read(path)
-            self.upload([path])
         value = self.loaded[path]
         if isinstance(value, Exception):
             raise value
-        return value
+        return _map(value[part] if part else value, lambda t: t.to(self.device))
 
 
 def _map(value, fn):
@@ -301,7 +287,7 @@ def _check(spec: dict, files: _Files, task) -> dict:
                     for a in to_device(saved["args"], device, shape["layout"])]
             with torch.no_grad():
                 refs = as_outputs(_task_call("float64 reference", spec, model, *args))
-            del args
+            del args, saved, model  # one case on the device at a time
             try:
                 outs = files.get(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
             except Exception as exc:  # noqa: BLE001
@@ -313,6 +299,7 @@ def _check(spec: dict, files: _Files, task) -> dict:
             else:
                 failure = compare_outputs(outs, refs, expected[shape["name"]], spec["tolerances"], where)
             cases.append({"shape": shape["name"], "seed": seed, **(failure or {"kind": "pass", "reason": ""})})
+            del outs, refs
         cases.append(_check_timed_call(spec, files, task, shape, expected[shape["name"]], device, dtype))
     return {"status": "ok", "cases": cases}
 
@@ -347,7 +334,7 @@ def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: li
         args.append(a)
     # Timing uses one model for every input set: the one built under the first seed (see candidate.run).
     first = spec["seeds"][0]
-    init = files.get(_input_path(spec, shape["name"], first))["init"]
+    init = files.get(_input_path(spec, shape["name"], first), part="init")
     model = _build_model(spec, task, init, first, device, dtype).to(torch.float64)
     with torch.no_grad():
         refs = as_outputs(_task_call("float64 reference", spec, model, *args))

@@ -178,7 +178,7 @@ def test_out_of_memory_for_more_than_the_device_could_give_alone_is_not_retried(
 
 
 def test_resident_estimate_counts_inputs_outputs_and_strided_copies(tmp_path):
-    from appliance.evaluation.pipeline import PROCESS_ALLOWANCE_BYTES, resident_estimate
+    from appliance.evaluation.pipeline import CHECK_COMPARE_BYTES, PROCESS_ALLOWANCE_BYTES, resident_estimate
 
     for name, size in [("main-0", 1000), ("main-1", 1000), ("odd-0", 300), ("odd-1", 300)]:
         (tmp_path / f"{name}.pt").write_bytes(b"x" * size)
@@ -190,7 +190,8 @@ def test_resident_estimate_counts_inputs_outputs_and_strided_copies(tmp_path):
     inputs = 2000 + 2 * 600  # strided inputs sit in buffers twice as wide
     outputs = 3 * 400 + 3 * 20  # two seeds and the timed call
     assert candidate == 2 * inputs + 1000 + 2 * outputs + PROCESS_ALLOWANCE_BYTES
-    assert check == inputs + outputs + 1000 * 2 + 100 * 8 + PROCESS_ALLOWANCE_BYTES  # float64 copies of main's case
+    # The check holds one case at a time: main's input set and outputs, and their float64 copies.
+    assert check == 1000 + 400 + 1000 * 2 + 100 * 8 + CHECK_COMPARE_BYTES + PROCESS_ALLOWANCE_BYTES
 
 
 def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone(tmp_path):
