@@ -3,8 +3,7 @@
 Pass 1 keeps a per-lane running max and a rescaled running sum (online softmax), so the row is read once to get
 both statistics however long it is; pass 2 re-reads it and writes exp(x - max) / sum. The re-read is cheap only if
 the row is still in L2: at full size (256 KiB rows) a program per row keeps more rows in flight than L2 holds, which
-is what PROGRAMS_PER_SM (fewer rows in flight) and L2_HINTS (keep the row for its second read, then drop it, and
-stream the output past L2) try.
+is what PROGRAMS_PER_SM (fewer rows in flight) and L2_HINTS (keep the row for its second read, then drop it) try.
 """
 import functools
 
@@ -16,8 +15,8 @@ import triton.language as tl
 
 # Tunables: the tuning proposer (appliance/proposers/tune.py) rewrites these constants. MAX_BLOCK is the widest
 # chunk of a row one program holds (longer rows are walked in chunks); NUM_WARPS is used for blocks of 2048 or
-# more, narrower blocks use 4. L2_HINTS: pass 1 loads with evict_last, pass 2 loads and stores with evict_first.
-# PROGRAMS_PER_SM: 0 launches a program per row; n launches n per SM, each walking every (programs)-th row.
+# more, narrower blocks use 4. L2_HINTS: pass 1 loads with evict_last, pass 2 with evict_first. PROGRAMS_PER_SM:
+# 0 launches a program per row; n launches n per SM, each walking every (programs)-th row.
 MAX_BLOCK = 4096
 NUM_WARPS = 8
 L2_HINTS = False
@@ -66,11 +65,8 @@ def _softmax_row(x_row, y_row, n_cols, stride_xc, BLOCK: tl.constexpr, L2_HINTS:
             x = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf"), eviction_policy="evict_first")
         else:
             x = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf"))
-        y = (tl.exp(x.to(tl.float32) - row_max) * inv_sum).to(y_row.dtype.element_ty)
-        if L2_HINTS:  # the output is not read again: it should not push rows waiting for their second read out of L2
-            tl.store(y_row + cols, y, mask=mask, eviction_policy="evict_first")
-        else:
-            tl.store(y_row + cols, y, mask=mask)
+        y = tl.exp(x.to(tl.float32) - row_max) * inv_sum
+        tl.store(y_row + cols, y.to(y_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit
