@@ -14,7 +14,6 @@ UNJAILED: runs the bundled baselines (our own code) in this process; never point
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import sys
 import tempfile
@@ -25,15 +24,8 @@ sys.path.insert(0, str(REPO))
 
 from appliance.proposers.tune import current_values, read_tunables, with_values  # noqa: E402
 from appliance.tasks import load_task  # noqa: E402
+from sandbox.harness.common import load_module  # noqa: E402
 from sandbox.harness.timing import time_calls  # noqa: E402
-
-
-def _import(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # Triton reads a kernel's source through its module
-    spec.loader.exec_module(module)
-    return module
 
 
 def parse_grid(text: str, tunables: dict[str, list]) -> dict[str, list]:
@@ -67,14 +59,14 @@ def main() -> int:
     baseline = (REPO / "benchmarks" / "baselines" / f"{args.task}.py").read_text()
     tunables = read_tunables(baseline)
     grid = parse_grid(args.grid, tunables) if args.grid else tunables
-    module = _import(task.path, "sweep_task")
+    module = load_module(task.path, "sweep_task")
     torch.manual_seed(0)
     with torch.device("cuda"):
         inputs = [a.contiguous() for a in module.get_inputs()]
         init = module.get_init_inputs()
     torch.manual_seed(0)  # the same seed before every constructor: the same (random) weights in every model
     reference = module.Model(*init).cuda().eval()
-    flops, nbytes = task.work(task.sizes)
+    _, nbytes = task.work(task.sizes)
     tol = task.tolerances().get(task.manifest.dtype or "float32", {"atol": 1e-4, "rtol": 1e-4})
 
     rows = []
@@ -99,7 +91,7 @@ def main() -> int:
         path = folder / f"setting_{i}.py"
         path.write_text(with_values(baseline, values))  # Triton needs the kernel's source in a real file
         try:
-            model_cls = _import(path, f"setting_{i}").ModelNew
+            model_cls = load_module(path, f"setting_{i}").ModelNew
             torch.manual_seed(0)
             cand = model_cls(*init).cuda()
             timed(", ".join(f"{k}={v}" for k, v in values.items()), cand)
