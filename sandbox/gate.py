@@ -11,7 +11,7 @@ overlap freely. GPU work comes in two kinds, and a `DeviceGate` (a readers-write
     the same whatever else runs beside it, and the exclusive turns are what bounds a device's evaluations per hour.
 
 Device memory is held from a process's first upload to its last download, across turns: a full-size evaluation
-holds ~10 GiB for most of its GPU life. So a process is *resident* from its first turn request until it says its
+holds several GiB for most of its GPU life. So a process is *resident* from its first turn request until it says its
 device memory is freed (b"F") or exits, and the gate admits residents while their bytes (an estimate by the trusted
 side, given when the channel is opened) fit `memory_bytes`: evaluations in flight are bounded by their CPU work,
 while those holding GPU memory are bounded by the budget.

@@ -125,7 +125,7 @@ def run(spec: dict) -> dict:
     #    While Triton compiles, the shared turn is lent back, so that it does not hold off other measurements.
     lend_turns_while_compiling()
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
-    staged = []
+    staged, first_outputs = [], {}
     for shape in spec["shapes"]:
         saved_sets = [(seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True,
                                         mmap=True, map_location="cpu")) for seed in spec["seeds"]]
@@ -140,29 +140,31 @@ def run(spec: dict) -> dict:
                 except BaseException as exc:  # noqa: BLE001
                     raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
                 if not sets:
-                    _first_call(model, saved["args"], shape, device, sync, path)
+                    first_outputs[shape["name"]] = _first_call(model, saved["args"], shape, device, sync, path)
                     _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
-                args = to_device(saved["args"], device, shape["layout"])
-                # The snapshot that shows whether the correctness call modified its inputs is taken here, so that
-                # copying gigabytes does not hold the measuring turn.
-                sets.append((seed, model, args, snapshot(args)))
+                sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
             sync()
         staged.append((shape, sets))
         del saved_sets
 
     stages.done("compile")
+    # Page-locked host memory for every output to come, shaped like the first calls' outputs, allocated now
+    # (outside any turn): allocating it is slow, and a copy into pageable memory runs at CPU-memcpy speed.
+    host_buffers = HostBuffers(first_outputs, copies=len(spec["seeds"]) + 1, pinned=device == "cuda")
 
     # 2. The correctness calls, in a shared turn: they measure nothing, so other evaluations' light use (uploads,
-    #    first calls, checks) may overlap them; only timing needs the device to itself.
-    timings, provenance, to_save = {}, {}, []
+    #    first calls, checks) may overlap them; only timing needs the device to itself. One call at a time holds a
+    #    snapshot of its inputs and its outputs on the device: these go to the host as soon as they are checked.
+    timings, provenance, to_save, spots = {}, {}, [], []
     _progress(spec, "correctness")
     with device_turn(shared=True):
         stages.done("wait_for_device")
         for shape, sets in staged:
-            for seed, model, args, before in sets:
-                outs = _correctness_call(model, args, before, shape, seed, watch, launches, provenance, sync,
-                                         path, stages)
-                to_save.append((f"{shape['name']}-{seed}.pt", outs))
+            for seed, model, args in sets:
+                outs = _correctness_call(model, args, shape, seed, watch, launches, provenance, sync, path, stages)
+                to_save.append((f"{shape['name']}-{seed}.pt", host_buffers.copy(shape["name"], outs)))
+                del outs
+        sync()
 
     # 3. With the device to itself: the timing loop.
     _progress(spec, "timing")
@@ -178,55 +180,67 @@ def run(spec: dict) -> dict:
                 raise _failure(exc, "timing", f"while timing shape {shape['name']}", path) from None
             _check_untampered(watch, "timing", f"while timing shape {shape['name']}")
             # One random timed call's output, for the trusted check (which rebuilds its inputs from set and rolls).
-            spot_outs = [o for o in as_outputs(spot["outs"]) or [] if isinstance(o, torch.Tensor)]
-            to_save.append((f"timed-{shape['name']}.pt",
-                            {"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"], "outs": spot_outs}))
+            spots.append((shape["name"], spot))
             del input_sets, sets[:]
             stages.done("timing")
 
-    # 4. Outputs downloaded, then written for the trusted check. Once downloaded, nothing of ours is left on the
-    #    device: freed, and the gate told so, so that another evaluation may be admitted while this one writes its
-    #    files (sandbox/gate.py).
-    host = _download(to_save, device, sync)
-    del staged, to_save, timed_model, model, args, before, outs, spot, spot_outs
+    # 4. The timed calls' outputs downloaded, then everything written for the trusted check. Once downloaded,
+    #    nothing of ours is left on the device: freed, and the gate told so, so that another evaluation may be
+    #    admitted while this one writes its files (sandbox/gate.py).
+    with device_turn(shared=True):
+        for name, spot in spots:
+            outs = [o for o in as_outputs(spot["outs"]) or [] if isinstance(o, torch.Tensor)]
+            to_save.append((f"timed-{name}.pt", {"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"],
+                                                 "outs": host_buffers.copy(name, outs)}))
+        sync()
+    del staged, spots, spot, outs, timed_model, model, args
     if device == "cuda":
         gc.collect()  # tensors a model keeps in a reference cycle
         torch.cuda.empty_cache()
     device_memory_freed()
     outputs_dir = Path(spec["outputs_dir"])
     serialization.config.save.compute_crc32 = False  # a checksum of gigabytes in memory, read back at once: no use
-    for name, value in host:
+    for name, value in to_save:
         torch.save(value, outputs_dir / name)
     stages.done("save_outputs")
     return {"status": "ok", "timings": timings, "provenance": provenance, "stage_s": stages.seconds}
 
 
-def _download(to_save: list, device: str, sync) -> list:
-    """`to_save` copied to the host in a short shared turn, into page-locked buffers allocated before it: a copy
-    from the device into pageable memory runs at CPU-memcpy speed and would keep measurements waiting."""
-    import torch
+class HostBuffers:
+    """Host memory for outputs downloaded from the device: per shape, `copies` sets of buffers shaped like the
+    first call's outputs, allocated up front (page-locked on a GPU). An output that matches none (a candidate
+    whose outputs change shape between calls) gets a fresh buffer."""
 
-    def pinned(o):
-        return torch.empty(o.shape, dtype=o.dtype, pin_memory=device == "cuda") if isinstance(o, torch.Tensor) else o
+    def __init__(self, first_outputs: dict, copies: int, pinned: bool):
+        import torch
 
-    host = [(name, value | {"outs": [pinned(o) for o in value["outs"]]} if isinstance(value, dict)
-             else [pinned(o) for o in value]) for name, value in to_save]
-    with device_turn(shared=True):
-        for (_, dst), (_, src) in zip(host, to_save):
-            for d, o in zip(dst["outs"] if isinstance(dst, dict) else dst,
-                            src["outs"] if isinstance(src, dict) else src):
-                if isinstance(o, torch.Tensor):
-                    d.copy_(o)
-        sync()
-    return host
+        self.pinned = pinned
+        self.free = {name: [[torch.empty(shape, dtype=dtype, pin_memory=pinned) for shape, dtype in outs]
+                            for _ in range(copies)] for name, outs in first_outputs.items()}
+
+    def copy(self, shape_name: str, outs: list) -> list:
+        """`outs` (tensors on the device) copied to the host; call it inside a turn, and sync before using them."""
+        import torch
+
+        spare = self.free.get(shape_name, [])
+        buffers = spare.pop() if spare else []
+        host = []
+        for i, o in enumerate(outs):
+            b = buffers[i] if i < len(buffers) else None
+            if b is None or b.shape != o.shape or b.dtype != o.dtype:
+                b = torch.empty(o.shape, dtype=o.dtype, pin_memory=self.pinned)
+            host.append(b.copy_(o, non_blocking=self.pinned))
+        return host
 
 
-def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> None:
+def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> list:
     """Compile and warm up on a copy of the inputs: whatever the call does to them, the correctness calls
-    still see the inputs as saved."""
+    still see the inputs as saved. Returns the (shape, dtype) of each plain tensor output."""
     import torch
 
-    copy = to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in saved_args], device, shape["layout"])
+    # On a GPU the upload is the copy; on the CPU "to" the device returns the saved (memory-mapped) tensor itself.
+    copy = to_device([a.clone() if isinstance(a, torch.Tensor) and device == "cpu" else a for a in saved_args],
+                     device, shape["layout"])
     try:
         with torch.no_grad():
             outs = as_outputs(model(*copy)) or []
@@ -238,14 +252,15 @@ def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: s
             mutated(plain, plain)
     except BaseException as exc:  # noqa: BLE001
         raise _failure(exc, "correctness", f"in forward (first call) at shape {shape['name']}", path) from None
+    return [(o.shape, o.dtype) for o in outs if type(o) is torch.Tensor]
 
 
-def _correctness_call(model, args: list, before: list, shape: dict, seed: int, watch: Watch, launches: Launches,
+def _correctness_call(model, args: list, shape: dict, seed: int, watch: Watch, launches: Launches,
                       provenance: dict, sync, path: str, stages: _Stages) -> list:
-    """One correctness call: its outputs (cloned, on the device) after every check the candidate side can make.
-    `before` is a snapshot of `args` taken before the call."""
+    """One correctness call: its outputs (cloned, on the device) after every check the candidate side can make."""
     import torch
 
+    before = snapshot(args)  # shows whether the call modified its inputs
     where = f"at shape {shape['name']}, seed {seed}"
     try:
         with torch.no_grad():
