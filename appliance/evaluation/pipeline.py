@@ -620,10 +620,11 @@ def resident_estimate(inputs_dir: Path, spec: dict, prepared_shapes: list[dict])
     memory budget, sandbox/gate.py), from trusted data only: the input files `prepare` wrote (one per shape and
     seed) and the outputs it recorded, never anything the candidate says.
 
-      candidate: every input set (uploaded once, kept until timed) and, at its busiest moment, beside them: one
-        call's snapshot of its inputs and the comparison's temporaries (a correctness call; each downloads its
-        outputs when checked) or three calls' outputs (timing: the call made, the one before, the spot kept for
-        the check); the largest set twice and the largest outputs three times cover both; PROCESS_ALLOWANCE_BYTES;
+      candidate: every input set (uploaded once, kept until timed), every output it saves (per seed and the timed
+        call's, kept until written after timing), and at its busiest moment beside them: one call's snapshot of its
+        inputs and the comparison's temporaries, and two calls' outputs (a correctness call's and its clone, or
+        the timing loop's call and the one before): the largest set and the largest outputs twice each;
+        PROCESS_ALLOWANCE_BYTES;
       check: one case at a time (sandbox.harness.reference uploads a case when it checks it): the largest case's
         input set and outputs, their float64 copies (the reference is recomputed in float64), the comparison's
         float64 temporaries (CHECK_COMPARE_BYTES: it works in chunks), and PROCESS_ALLOWANCE_BYTES.
@@ -633,16 +634,17 @@ def resident_estimate(inputs_dir: Path, spec: dict, prepared_shapes: list[dict])
     seeds = spec["seeds"]
     widen = 8 / DTYPE_BYTES.get(spec["dtype"] or "float32", 4)  # to float64
     strided = {s["name"] for s in spec["shapes"] if s.get("layout") == "strided"}  # twice as wide on the device
-    inputs = largest_set = largest_out = largest_case = 0
+    inputs = outputs = largest_set = largest_out = largest_case = 0
     for shape in prepared_shapes:
         sets = [(inputs_dir / f"{shape['name']}-{seed}.pt").stat().st_size * (2 if shape["name"] in strided else 1)
                 for seed in seeds]
         out = _output_bytes(shape)
         inputs += sum(sets)
+        outputs += out * (len(seeds) + 1)
         largest_set, largest_out = max(largest_set, *sets), max(largest_out, out)
         out_f64 = sum(math.prod(o["shape"]) * 8 for o in shape["outputs"])
         largest_case = max(largest_case, max(sets) * (1 + widen) + out + out_f64)
-    candidate = inputs + 2 * largest_set + 3 * largest_out + PROCESS_ALLOWANCE_BYTES
+    candidate = inputs + outputs + 2 * largest_set + 2 * largest_out + PROCESS_ALLOWANCE_BYTES
     check = int(largest_case) + CHECK_COMPARE_BYTES + PROCESS_ALLOWANCE_BYTES
     return candidate, check
 

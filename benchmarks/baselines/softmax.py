@@ -1,14 +1,14 @@
 """Triton baseline for softmax: a program per row (or a few per SM, walking rows), two passes over the row; or, on
-a GPU, a row split over ROW_SPLIT programs that each hold their part in registers and read it once.
+a GPU, a row split into parts of PART_BLOCK columns, one program per part, each holding its part in registers.
 
 Pass 1 keeps a per-lane running max and a rescaled running sum (online softmax), so the row is read once to get
 both statistics however long it is; pass 2 re-reads it and writes exp(x - max) / sum. The re-read is cheap only if
 the row is still in L2: at full size (256 KiB rows) a program per row keeps more rows in flight than L2 holds, which
 is what PROGRAMS_PER_SM (fewer rows in flight) and L2_HINTS (keep the row for its second read, then drop it) try.
 
-A 256 KiB row is more than one program can hold in registers. With ROW_SPLIT = n, n programs share a row: each
-loads its part once, publishes its part's max and sum, waits until all n have (an atomic counter per row), and
-writes its part from registers: the row crosses memory once each way, as in a copy. The wait needs the row's
+A 256 KiB row is more than one program can hold in registers. With PART_BLOCK > 0, the programs of a row each load
+their part once, publish its max and sum, wait until every part of the row has (an atomic counter per row), and
+write their part from registers: the row crosses memory once each way, as in a copy. The wait needs a row's
 programs to be on the GPU at once, which holds because programs start in order and a row's are neighbours; the
 Triton interpreter runs programs one after another, so off a GPU the split is not used.
 """
@@ -23,23 +23,23 @@ import triton.language as tl
 # Tunables: the tuning proposer (appliance/proposers/tune.py) rewrites these constants. MAX_BLOCK is the widest
 # chunk of a row one program holds (longer rows are walked in chunks); NUM_WARPS is used for blocks of 2048 or
 # more, narrower blocks use 4. L2_HINTS: pass 1 loads with evict_last, pass 2 with evict_first. PROGRAMS_PER_SM:
-# 0 launches a program per row; n launches n per SM, each walking every (programs)-th row. ROW_SPLIT: 1 is the
-# two-pass design; n > 1 splits each row over n programs (GPU only; MAX_BLOCK, L2_HINTS, PROGRAMS_PER_SM unused).
+# 0 launches a program per row; n launches n per SM, each walking every (programs)-th row. PART_BLOCK: 0 is the
+# two-pass design; n > 0 splits each row into parts of n columns, a program each (GPU only; MAX_BLOCK, L2_HINTS and
+# PROGRAMS_PER_SM are then unused). A part is held in registers: n / (32 * NUM_WARPS) values per thread.
 MAX_BLOCK = 4096
 NUM_WARPS = 8
 L2_HINTS = False
 PROGRAMS_PER_SM = 0
-ROW_SPLIT = 1
+PART_BLOCK = 0
 TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192, 16384, 32768], "NUM_WARPS": [1, 2, 4, 8, 16, 32],
-            "L2_HINTS": [False, True], "PROGRAMS_PER_SM": [1, 2, 4, 8, 16, 0], "ROW_SPLIT": [1, 2, 4, 8, 16]}
-SPLIT_BLOCK_MAX = 16384  # a part wider than this does not fit in registers: such rows are not split
+            "L2_HINTS": [False, True], "PROGRAMS_PER_SM": [1, 2, 4, 8, 16, 0], "PART_BLOCK": [0, 2048, 4096, 8192, 16384]}
 # Per-shape settings the tuner found (the input's shape -> settings); other shapes use the constants above.
 TUNED_BY_SHAPE = {}
 
 
 def _settings(x):
     return ({"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS, "L2_HINTS": L2_HINTS, "PROGRAMS_PER_SM": PROGRAMS_PER_SM,
-             "ROW_SPLIT": ROW_SPLIT} | TUNED_BY_SHAPE.get(tuple(x.shape), {}))
+             "PART_BLOCK": PART_BLOCK} | TUNED_BY_SHAPE.get(tuple(x.shape), {}))
 
 
 @functools.cache
@@ -92,26 +92,26 @@ def _softmax_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_xr, stride_xc, stride_y
 
 
 @triton.jit
-def _softmax_split_kernel(x_ptr, y_ptr, stats_ptr, arrived_ptr, n_cols, stride_xr, stride_xc, stride_yr,
-                          BLOCK: tl.constexpr, SPLIT: tl.constexpr):
-    row = (tl.program_id(0) // SPLIT).to(tl.int64)
-    part = tl.program_id(0) % SPLIT
+def _softmax_parts_kernel(x_ptr, y_ptr, stats_ptr, arrived_ptr, n_cols, n_parts, stride_xr, stride_xc, stride_yr,
+                          BLOCK: tl.constexpr, PARTS_P2: tl.constexpr):
+    row = (tl.program_id(0) // n_parts).to(tl.int64)
+    part = tl.program_id(0) % n_parts
     cols = part * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_xr + cols * stride_xc, mask=mask, other=float("-inf")).to(tl.float32)
     part_max = tl.max(x, 0)
-    # A part past the row's end has only padding: max -inf, sum 0 (exp(-inf - -inf) would be NaN).
-    part_sum = tl.where(part_max > float("-inf"), tl.sum(tl.exp(x - part_max), 0), 0.0)
-    stats = stats_ptr + (row * SPLIT + part) * 2
+    part_sum = tl.sum(tl.exp(x - part_max), 0)  # a part holds at least one column: part_max is finite or +-inf data
+    stats = stats_ptr + (row * n_parts + part) * 2
     tl.store(stats, part_max)
     tl.store(stats + 1, part_sum)
     tl.debug_barrier()  # every thread's stores are done before the release below publishes them
     tl.atomic_add(arrived_ptr + row, 1, sem="release")
-    while tl.atomic_add(arrived_ptr + row, 0, sem="acquire") < SPLIT:
+    while tl.atomic_add(arrived_ptr + row, 0, sem="acquire") < n_parts:
         pass
-    parts = (row * SPLIT + tl.arange(0, SPLIT)) * 2
-    maxes = tl.load(stats_ptr + parts, cache_modifier=".cg")  # from L2: other SMs wrote them
-    sums = tl.load(stats_ptr + parts + 1, cache_modifier=".cg")
+    parts = tl.arange(0, PARTS_P2)
+    at = stats_ptr + (row * n_parts + parts) * 2
+    maxes = tl.load(at, mask=parts < n_parts, other=float("-inf"), cache_modifier=".cg")  # from L2: other SMs wrote
+    sums = tl.load(at + 1, mask=parts < n_parts, other=0.0, cache_modifier=".cg")
     row_max = tl.max(maxes, 0)
     row_sum = tl.sum(tl.where(maxes > float("-inf"), sums * tl.exp(maxes - row_max), 0.0), 0)
     y = tl.exp(x - row_max) / row_sum
@@ -129,14 +129,15 @@ class ModelNew(nn.Module):
         if y.numel() == 0:
             return y.view(x.shape)
         tuned = _settings(x)
-        split = tuned["ROW_SPLIT"] if x.is_cuda else 1  # the interpreter runs programs one by one: no waiting
-        split_block = triton.next_power_of_2(triton.cdiv(n_cols, split))
-        if split > 1 and split_block <= SPLIT_BLOCK_MAX:
-            stats = torch.empty(n_rows * split * 2, dtype=torch.float32, device=x.device)
+        if tuned["PART_BLOCK"] and x.is_cuda:  # the interpreter runs programs one by one: no waiting there
+            block = min(tuned["PART_BLOCK"], triton.next_power_of_2(n_cols))
+            n_parts = triton.cdiv(n_cols, block)
+            stats = torch.empty(n_rows * n_parts * 2, dtype=torch.float32, device=x.device)
             arrived = torch.zeros(n_rows, dtype=torch.int32, device=x.device)
-            _softmax_split_kernel[(n_rows * split,)](x2, y, stats, arrived, n_cols, x2.stride(0), x2.stride(1),
-                                                     y.stride(0), BLOCK=split_block, SPLIT=split,
-                                                     num_warps=tuned["NUM_WARPS"] if split_block >= 2048 else 4)
+            _softmax_parts_kernel[(n_rows * n_parts,)](x2, y, stats, arrived, n_cols, n_parts, x2.stride(0),
+                                                       x2.stride(1), y.stride(0), BLOCK=block,
+                                                       PARTS_P2=triton.next_power_of_2(n_parts),
+                                                       num_warps=tuned["NUM_WARPS"] if block >= 2048 else 4)
             return y.view(x.shape)
         block = min(triton.next_power_of_2(n_cols), tuned["MAX_BLOCK"])  # longer rows are walked in chunks
         programs = n_rows

@@ -125,7 +125,7 @@ def run(spec: dict) -> dict:
     #    While Triton compiles, the shared turn is lent back, so that it does not hold off other measurements.
     lend_turns_while_compiling()
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
-    staged, first_outputs = [], {}
+    staged = []
     for shape in spec["shapes"]:
         saved_sets = [(seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True,
                                         mmap=True, map_location="cpu")) for seed in spec["seeds"]]
@@ -140,7 +140,7 @@ def run(spec: dict) -> dict:
                 except BaseException as exc:  # noqa: BLE001
                     raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
                 if not sets:
-                    first_outputs[shape["name"]] = _first_call(model, saved["args"], shape, device, sync, path)
+                    _first_call(model, saved["args"], shape, device, sync, path)
                     _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
                 sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
             sync()
@@ -148,23 +148,19 @@ def run(spec: dict) -> dict:
         del saved_sets
 
     stages.done("compile")
-    # Page-locked host memory for every output to come, shaped like the first calls' outputs, allocated now
-    # (outside any turn): allocating it is slow, and a copy into pageable memory runs at CPU-memcpy speed.
-    host_buffers = HostBuffers(first_outputs, copies=len(spec["seeds"]) + 1, pinned=device == "cuda")
 
     # 2. The correctness calls, in a shared turn: they measure nothing, so other evaluations' light use (uploads,
     #    first calls, checks) may overlap them; only timing needs the device to itself. One call at a time holds a
-    #    snapshot of its inputs and its outputs on the device: these go to the host as soon as they are checked.
-    timings, provenance, to_save, spots = {}, {}, [], []
+    #    snapshot of its inputs; the outputs (clones) stay on the device until they are saved after timing.
+    timings, provenance, to_save = {}, {}, []
     _progress(spec, "correctness")
     with device_turn(shared=True):
         stages.done("wait_for_device")
         for shape, sets in staged:
             for seed, model, args in sets:
                 outs = _correctness_call(model, args, shape, seed, watch, launches, provenance, sync, path, stages)
-                to_save.append((f"{shape['name']}-{seed}.pt", host_buffers.copy(shape["name"], outs)))
+                to_save.append((f"{shape['name']}-{seed}.pt", outs))
                 del outs
-        sync()
 
     # 3. With the device to itself: the timing loop.
     _progress(spec, "timing")
@@ -180,62 +176,66 @@ def run(spec: dict) -> dict:
                 raise _failure(exc, "timing", f"while timing shape {shape['name']}", path) from None
             _check_untampered(watch, "timing", f"while timing shape {shape['name']}")
             # One random timed call's output, for the trusted check (which rebuilds its inputs from set and rolls).
-            spots.append((shape["name"], spot))
-            del input_sets, sets[:]
+            spot_outs = [o for o in as_outputs(spot["outs"]) or [] if isinstance(o, torch.Tensor)]
+            to_save.append((f"timed-{shape['name']}.pt",
+                            {"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"], "outs": spot_outs}))
+            del input_sets, sets[:], spot, spot_outs
             stages.done("timing")
 
-    # 4. The timed calls' outputs downloaded, then everything written for the trusted check. Once downloaded,
-    #    nothing of ours is left on the device: freed, and the gate told so, so that another evaluation may be
-    #    admitted while this one writes its files (sandbox/gate.py).
-    with device_turn(shared=True):
-        for name, spot in spots:
-            outs = [o for o in as_outputs(spot["outs"]) or [] if isinstance(o, torch.Tensor)]
-            to_save.append((f"timed-{name}.pt", {"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"],
-                                                 "outs": host_buffers.copy(name, outs)}))
-        sync()
-    del staged, spots, spot, outs, timed_model, model, args
+    # 4. Outputs written for the trusted check, then nothing of ours is left on the device: freed, and the gate told
+    #    so, so that another evaluation may be admitted (sandbox/gate.py).
+    del staged, timed_model, model, args
+    _save_outputs(to_save, Path(spec["outputs_dir"]), device == "cuda", sync, serialization)
+    del to_save
     if device == "cuda":
         gc.collect()  # tensors a model keeps in a reference cycle
         torch.cuda.empty_cache()
     device_memory_freed()
-    outputs_dir = Path(spec["outputs_dir"])
-    serialization.config.save.compute_crc32 = False  # a checksum of gigabytes in memory, read back at once: no use
-    for name, value in to_save:
-        torch.save(value, outputs_dir / name)
     stages.done("save_outputs")
     return {"status": "ok", "timings": timings, "provenance": provenance, "stage_s": stages.seconds}
 
 
-class HostBuffers:
-    """Host memory for outputs downloaded from the device: per shape, `copies` sets of buffers shaped like the
-    first call's outputs, allocated up front (page-locked on a GPU). An output that matches none (a candidate
-    whose outputs change shape between calls) gets a fresh buffer."""
-
-    def __init__(self, first_outputs: dict, copies: int, pinned: bool):
-        import torch
-
-        self.pinned = pinned
-        self.free = {name: [[torch.empty(shape, dtype=dtype, pin_memory=pinned) for shape, dtype in outs]
-                            for _ in range(copies)] for name, outs in first_outputs.items()}
-
-    def copy(self, shape_name: str, outs: list) -> list:
-        """`outs` (tensors on the device) copied to the host; call it inside a turn, and sync before using them."""
-        import torch
-
-        spare = self.free.get(shape_name, [])
-        buffers = spare.pop() if spare else []
-        host = []
-        for i, o in enumerate(outs):
-            b = buffers[i] if i < len(buffers) else None
-            if b is None or b.shape != o.shape or b.dtype != o.dtype:
-                b = torch.empty(o.shape, dtype=o.dtype, pin_memory=self.pinned)
-            host.append(b.copy_(o, non_blocking=self.pinned))
-        return host
+SAVE_BATCH_BYTES = 256 << 20  # files smaller than this are downloaded together, in one turn
 
 
-def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> list:
+def _save_outputs(to_save: list, outputs_dir: Path, cuda: bool, sync, serialization) -> None:
+    """Each (file name, outputs) of `to_save` downloaded in a short shared turn, into page-locked host memory (a copy
+    into pageable memory runs at CPU-memcpy speed and would hold the turn), then written outside the turn. Files
+    go a batch at a time and their host copies are let go once written: torch's page-locked allocator reuses the
+    blocks, so a process holds about one file's worth of host memory rather than all its outputs at once."""
+    import torch
+
+    serialization.config.save.compute_crc32 = False  # a checksum of gigabytes in memory, read back at once: no use
+
+    def tensors(value):
+        return value["outs"] if isinstance(value, dict) else value
+
+    def host_copy(value):
+        outs = [torch.empty(o.shape, dtype=o.dtype, pin_memory=cuda).copy_(o, non_blocking=cuda)
+                for o in tensors(value)]
+        return value | {"outs": outs} if isinstance(value, dict) else outs
+
+    while to_save:
+        batch, size = [], 0
+        while to_save and (not batch or size + _nbytes(tensors(to_save[0][1])) <= SAVE_BATCH_BYTES):
+            size += _nbytes(tensors(to_save[0][1]))
+            batch.append(to_save.pop(0))
+        with device_turn(shared=True):
+            host = [(name, host_copy(value)) for name, value in batch]
+            sync()
+        del batch  # the device copies: freed for the allocator, to be reused by the next batch
+        for name, value in host:
+            torch.save(value, outputs_dir / name)
+        del host
+
+
+def _nbytes(outs: list) -> int:
+    return sum(o.numel() * o.element_size() for o in outs)
+
+
+def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> None:
     """Compile and warm up on a copy of the inputs: whatever the call does to them, the correctness calls
-    still see the inputs as saved. Returns the (shape, dtype) of each plain tensor output."""
+    still see the inputs as saved."""
     import torch
 
     # On a GPU the upload is the copy; on the CPU "to" the device returns the saved (memory-mapped) tensor itself.
@@ -252,7 +252,6 @@ def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: s
             mutated(plain, plain)
     except BaseException as exc:  # noqa: BLE001
         raise _failure(exc, "correctness", f"in forward (first call) at shape {shape['name']}", path) from None
-    return [(o.shape, o.dtype) for o in outs if type(o) is torch.Tensor]
 
 
 def _correctness_call(model, args: list, shape: dict, seed: int, watch: Watch, launches: Launches,

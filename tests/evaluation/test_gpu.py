@@ -28,9 +28,17 @@ def test_broken_candidate_on_gpu(appliance, softmax_task, name, verdict):
     assert code == 1 and result["verdict"] == verdict, result["reason"]
 
 
-def test_bundled_baseline_full_size_on_gpu(appliance):
+@pytest.mark.parametrize("settings", [{}, {"PART_BLOCK": 8192}, {"PART_BLOCK": 2048, "NUM_WARPS": 4}],
+                         ids=["default", "rows_in_parts", "small_parts"])
+def test_bundled_baseline_full_size_on_gpu(appliance, tmp_path, settings):
+    """The softmax baseline passes the gate at every shape, also with its rows split into parts (a GPU-only path:
+    the parts of a row wait for each other, which the interpreter cannot run)."""
+    from appliance.proposers.tune import with_values
+
     task = REPO / "benchmarks/tasks/softmax.py"
-    code, result = appliance.eval_json(task, REPO / "benchmarks/baselines/softmax.py", device="cuda")
+    baseline = tmp_path / "softmax.py"
+    baseline.write_text(with_values((REPO / "benchmarks/baselines/softmax.py").read_text(), settings))
+    code, result = appliance.eval_json(task, baseline, device="cuda")
     assert code == 0, result
     assert result["mode"] == "full"
 
