@@ -44,7 +44,8 @@ def test_every_tunable_value_of_the_baseline_compiles_for_hopper(name, tmp_path)
     recorded.write_text(json.dumps(launches + [
         launch | {"constexprs": launch["constexprs"] | {name: not value}, "flipped": name}
         for launch in launches if launch["candidate"] == str(paths[0])
-        for name, value in launch["constexprs"].items() if isinstance(value, bool)] + gpu_only_launches(name, paths[0])))
+        for name, value in launch["constexprs"].items() if isinstance(value, bool)]
+        + gpu_only_launches(name, paths[0])))
     built = subprocess.run([sys.executable, "-m", "tests.hopper_compile", "compile", str(recorded)], env=env, cwd=REPO,
                            capture_output=True, text=True)
     assert built.returncode == 0, f"a {name} variant does not build for sm_90:\n{built.stderr[-3000:]}"

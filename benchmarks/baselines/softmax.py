@@ -32,7 +32,8 @@ L2_HINTS = False
 PROGRAMS_PER_SM = 0
 PART_BLOCK = 0
 TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192, 16384, 32768], "NUM_WARPS": [1, 2, 4, 8, 16, 32],
-            "L2_HINTS": [False, True], "PROGRAMS_PER_SM": [1, 2, 4, 8, 16, 0], "PART_BLOCK": [0, 2048, 4096, 8192, 16384]}
+            "L2_HINTS": [False, True], "PROGRAMS_PER_SM": [1, 2, 4, 8, 16, 0],
+            "PART_BLOCK": [0, 2048, 4096, 8192, 16384]}
 # Per-shape settings the tuner found (the input's shape -> settings); other shapes use the constants above.
 TUNED_BY_SHAPE = {}
 
