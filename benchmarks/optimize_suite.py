@@ -73,20 +73,47 @@ def steady_rate(verdicts: list[tuple[datetime, int | None]]) -> float | None:
     return (last - first) / (seconds / 3600) if seconds > 0 else None
 
 
-def where_time_went(details: list[dict]) -> str:
-    """Medians over a run's evaluations of what bounds the rate: each process's wall seconds, the device held
-    exclusively, waiting for turns and for device memory (sandbox/gate.py), and the most evaluations resident at once."""
+def where_time_went(details: list[dict], host_busy: float | None) -> str:
+    """Medians over a run's evaluations of what bounds the rate: each process's wall and CPU seconds, the device held
+    exclusively, waiting for turns and for device memory (sandbox/gate.py), the most evaluations resident at once;
+    and how busy the host's CPUs (those this suite may use) were over the run."""
     def median(values: list) -> str:
         values = sorted(v for v in values if isinstance(v, (int, float)))
         return f"{values[len(values) // 2]:.2f}" if values else "-"
 
     wall = [d.get("wall_s") or {} for d in details]
+    cpu = [{k: (v or {}).get("cpu_s") for k, v in (d.get("stage_s") or {}).items()} for d in details]
     turns = [d.get("device_turns") or {} for d in details]
     most = max((t.get("neighbours", 0) for t in turns), default=0)
-    return (f"median s per evaluation: candidate {median([w.get('candidate') for w in wall])}, check "
-            f"{median([w.get('check') for w in wall])}, device held {median([t.get('held_s') for t in turns])}, "
+    return (f"median s per evaluation: candidate {median([w.get('candidate') for w in wall])} "
+            f"(CPU {median([c.get('candidate') for c in cpu])}), check {median([w.get('check') for w in wall])} "
+            f"(CPU {median([c.get('check') for c in cpu])}), device held {median([t.get('held_s') for t in turns])}, "
             f"waited for turns {median([t.get('wait_s') for t in turns])}, for memory "
-            f"{median([t.get('resident_wait_s') for t in turns])}; at most {most + 1} resident at once")
+            f"{median([t.get('resident_wait_s') for t in turns])}; at most {most + 1} resident at once; host CPUs "
+            f"{fmt(host_busy, '.0%')} busy over the run ({len(os.sched_getaffinity(0))} cores)")
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of the CPUs this process may run on, from /proc/stat; None off Linux."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    mine = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+    busy = total = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name in mine:
+            ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+            total += sum(ticks)
+            busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy, total
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    if not before or not after or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def fmt(value: float | None, spec: str, suffix: str = "") -> str:
@@ -105,9 +132,10 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
         cmd += ["--workers", str(args.in_flight)]
     if args.max_wall:
         cmd += ["--max-wall", str(args.max_wall)]
-    t0 = time.perf_counter()
+    t0, ticks = time.perf_counter(), cpu_ticks()
     summary = appliance(home, *cmd)
     wall = time.perf_counter() - t0  # around the whole command: start-up and the seed's input preparation count
+    host_busy = busy_share(ticks, cpu_ticks())
     if "error" in summary:
         return [name, f"error: {summary['error']}"]
     seed, best = summary.get("seed") or {}, summary.get("best") or {}
@@ -117,7 +145,7 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
     rows = [(datetime.fromisoformat(t), json.loads(d or "{}")) for t, d in db.execute(
         "SELECT created_at, details FROM evaluation WHERE run_id = ? ORDER BY created_at", (summary["run_id"],))]
     verdicts = [(t, details.get("gpu_index")) for t, details in rows]
-    print(f"{name}: {where_time_went([details for _, details in rows])}", file=sys.stderr, flush=True)
+    print(f"{name}: {where_time_went([details for _, details in rows], host_busy)}", file=sys.stderr, flush=True)
     per_gpu = Counter(gpu for _, gpu in verdicts)
     sources = db.execute("SELECT id, source FROM candidate WHERE run_id = ? AND status = 'evaluated' ORDER BY id",
                          (summary["run_id"],)).fetchall()

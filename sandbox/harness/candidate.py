@@ -16,8 +16,9 @@ import time
 import traceback
 from pathlib import Path
 
-from sandbox.harness.common import (as_outputs, device_memory_freed, device_turn, error_info, is_compile_error,
-                                    lend_turns_while_compiling, load_module, prepare_device, to_device, write_result)
+from sandbox.harness.common import (as_outputs, cpu_seconds, device_memory_freed, device_turn, error_info,
+                                    is_compile_error, lend_turns_while_compiling, load_module, prepare_device,
+                                    to_device, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
@@ -82,7 +83,8 @@ def _check_untampered(watch: Watch, stage: str, when: str) -> None:
 
 
 class _Stages:
-    """Seconds per stage of this process (informational: where an evaluation's time goes)."""
+    """Seconds per stage of this process (informational: where an evaluation's time goes); the result adds the
+    process's CPU seconds over all stages as "cpu_s"."""
 
     def __init__(self):
         self.clock = time.perf_counter  # bound before the candidate is imported
@@ -192,7 +194,8 @@ def run(spec: dict) -> dict:
         torch.cuda.empty_cache()
     device_memory_freed()
     stages.done("save_outputs")
-    return {"status": "ok", "timings": timings, "provenance": provenance, "stage_s": stages.seconds}
+    return {"status": "ok", "timings": timings, "provenance": provenance,
+            "stage_s": stages.seconds | {"cpu_s": cpu_seconds()}}
 
 
 SAVE_BATCH_BYTES = 256 << 20  # files smaller than this are downloaded together, in one turn

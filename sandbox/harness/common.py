@@ -223,6 +223,15 @@ def _driver_version() -> str | None:
         return None
 
 
+def cpu_seconds() -> float:
+    """CPU seconds this process and its finished children (ptxas, nvcc) have used: with the stages' wall seconds,
+    it shows whether an evaluation waits or computes on the host."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 2)
+
+
 def write_result(path: str | Path, result: dict) -> None:
     """Write atomically, so a process killed mid-write leaves no half result."""
     path = Path(path)

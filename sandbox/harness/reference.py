@@ -15,7 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
-from sandbox.harness.common import (as_outputs, cast_floating, device_turn, environment, error_info,
+from sandbox.harness.common import (as_outputs, cast_floating, cpu_seconds, device_turn, environment, error_info,
                                     load_module, prepare_device, to_device, write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
@@ -216,7 +216,7 @@ def check(spec: dict) -> dict:
         result = _check(spec, files, task)
     return result | {"stage_s": {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3),
                                  "read": round(t1 - t0, 3), "wait_for_device": round(t2 - t1, 3),
-                                 "compare": round(time.perf_counter() - t2, 3)}}
+                                 "compare": round(time.perf_counter() - t2, 3), "cpu_s": cpu_seconds()}}
 
 
 def _told_to_go(go: Path, stop: Path) -> bool:

@@ -66,6 +66,8 @@ def test_the_check_starts_beside_the_candidate_and_is_stopped_when_the_candidate
     assert good.verdict == "pass", good.reason
     stages = good.details["stage_s"]["check"]
     assert stages["start"] > 0 and stages["wait_for_candidate"] > 0  # it was ready before the outputs were
+    # Each process says how much CPU it used (importing torch alone takes more than a tenth of a second).
+    assert stages["cpu_s"] > 0.1 and good.details["stage_s"]["candidate"]["cpu_s"] > 0.1
     bad = pipeline.evaluate(task, candidate("edge_wrong"))
     assert bad.verdict == "wrong_output"  # the check's own verdict: it went on here too
     crashed = pipeline.evaluate(task, candidate("raises"))
