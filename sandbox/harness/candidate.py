@@ -17,8 +17,8 @@ import traceback
 from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, cpu_seconds, device_memory_freed, device_turn, error_info,
-                                    is_compile_error, lend_turns_while_compiling, load_module, prepare_device,
-                                    to_device, write_result)
+                                    is_compile_error, lend_turns_while_compiling, load_module, page_locked,
+                                    prepare_device, to_device, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
@@ -122,9 +122,10 @@ def run(spec: dict) -> dict:
     dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    # 1. Every shape's inputs read (no turn), then, in a shared turn per shape, uploaded, its models built and a
-    #    first call made on a copy of the inputs: JIT compilation and autotuning stay out of the measuring turn.
-    #    While Triton compiles, the shared turn is lent back, so that it does not hold off other measurements.
+    # 1. Every shape's inputs read into page-locked memory (no turn), then, in a shared turn, uploaded, its models
+    #    built and a first call made on a copy of the inputs: JIT compilation and autotuning stay out of the measuring
+    #    turn. While Triton compiles, the shared turn is lent back, so that it does not hold off other measurements.
+    #    Large sets go a turn each, so that the page-locked copy of one set at a time is what the host holds.
     lend_turns_while_compiling()
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
     staged = []
@@ -132,24 +133,27 @@ def run(spec: dict) -> dict:
         saved_sets = [(seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True,
                                         mmap=True, map_location="cpu")) for seed in spec["seeds"]]
         sets = []
-        with device_turn(shared=True):
-            for seed, saved in saved_sets:
-                torch.manual_seed(seed)
-                try:
-                    model = model_cls(*saved["init"]).to(device)
-                    if dtype is not None:
-                        model = model.to(dtype)
-                except BaseException as exc:  # noqa: BLE001
-                    raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
-                if not sets:
-                    _first_call(model, saved["args"], shape, device, sync, path)
-                    _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
-                sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
-            sync()
+        for batch in _batches(saved_sets, lambda item: _nbytes(item[1]["args"])):
+            batch = [(seed, saved | {"args": page_locked(saved["args"], device)}) for seed, saved in batch]
+            stages.done("read_inputs")
+            with device_turn(shared=True):
+                for seed, saved in batch:
+                    torch.manual_seed(seed)
+                    try:
+                        model = model_cls(*saved["init"]).to(device)
+                        if dtype is not None:
+                            model = model.to(dtype)
+                    except BaseException as exc:  # noqa: BLE001
+                        raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
+                    if not sets:
+                        _first_call(model, saved["args"], shape, device, sync, path)
+                        _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
+                    sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
+                sync()
+            del batch, saved  # the page-locked copies: their blocks are reused by the next batch
         staged.append((shape, sets))
         del saved_sets
-
-    stages.done("compile")
+        stages.done("compile")
 
     # 2. The correctness calls, in a shared turn: they measure nothing, so other evaluations' light use (uploads,
     #    first calls, checks) may overlap them; only timing needs the device to itself. One call at a time holds a
@@ -198,7 +202,19 @@ def run(spec: dict) -> dict:
             "stage_s": stages.seconds | {"cpu_s": cpu_seconds()}}
 
 
-SAVE_BATCH_BYTES = 256 << 20  # files smaller than this are downloaded together, in one turn
+TURN_BATCH_BYTES = 256 << 20  # host data smaller than this goes to or from the device together, in one turn
+
+
+def _batches(items: list, size_of) -> list[list]:
+    """`items` in order, grouped while a group's total size stays within TURN_BATCH_BYTES (a larger item is alone)."""
+    groups, size = [], 0
+    for item in items:
+        if not groups or size + size_of(item) > TURN_BATCH_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += size_of(item)
+    return groups
 
 
 def _save_outputs(to_save: list, outputs_dir: Path, cuda: bool, sync, serialization) -> None:
@@ -218,22 +234,22 @@ def _save_outputs(to_save: list, outputs_dir: Path, cuda: bool, sync, serializat
                 for o in tensors(value)]
         return value | {"outs": outs} if isinstance(value, dict) else outs
 
-    while to_save:
-        batch, size = [], 0
-        while to_save and (not batch or size + _nbytes(tensors(to_save[0][1])) <= SAVE_BATCH_BYTES):
-            size += _nbytes(tensors(to_save[0][1]))
-            batch.append(to_save.pop(0))
+    batches = _batches(to_save, lambda item: _nbytes(tensors(item[1])))
+    to_save.clear()  # each batch's device copies are now referenced by the batch alone
+    for batch in batches:
         with device_turn(shared=True):
             host = [(name, host_copy(value)) for name, value in batch]
             sync()
-        del batch  # the device copies: freed for the allocator, to be reused by the next batch
+        batch.clear()  # the device copies: freed for the allocator, to be reused by the next batch
         for name, value in host:
             torch.save(value, outputs_dir / name)
         del host
 
 
-def _nbytes(outs: list) -> int:
-    return sum(o.numel() * o.element_size() for o in outs)
+def _nbytes(values: list) -> int:
+    import torch
+
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> None:

@@ -143,6 +143,17 @@ def to_device(values: list, device: str, layout: str) -> list:
     return out
 
 
+def page_locked(values: list, device: str) -> list:
+    """The tensors among `values` copied into page-locked host memory when the device is a GPU. Done outside any
+    turn: the upload inside the turn is then a DMA at full bus speed, where one from pageable (or memory-mapped)
+    memory runs at CPU-memcpy speed and holds the shared turn, and with it every measurement waiting, that long."""
+    import torch
+
+    if device != "cuda":
+        return values
+    return [v.pin_memory() if isinstance(v, torch.Tensor) else v for v in values]
+
+
 def cast_floating(values: list, dtype) -> list:
     import torch
 

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, cast_floating, cpu_seconds, device_turn, environment, error_info,
@@ -194,8 +195,8 @@ def _time_baselines(spec: dict, names: list[str], model, input_sets: list, devic
 def check(spec: dict) -> dict:
     """Recompute the reference in float64 from the saved inputs and compare the candidate's saved outputs.
     Started beside the candidate (with `go_file`): it loads the task, then waits until the controller says go (the
-    outputs are vetted) or stop. Every file is read first; only the computing waits for a turn on the device
-    (sandbox/gate.py)."""
+    outputs are vetted) or stop. Each case is read into page-locked memory first, then uploaded, recomputed and
+    compared in a shared turn of its own (sandbox/gate.py): between cases, waiting measurements go ahead."""
     t_start = time.perf_counter()
     task = _load_task(spec)
     t_ready = time.perf_counter()
@@ -208,15 +209,21 @@ def check(spec: dict) -> dict:
             files.read(_input_path(spec, shape["name"], seed))
             files.read(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
         files.read(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
-    t1 = time.perf_counter()
-    # One shared turn (the float64 recomputation measures nothing: other evaluations' light use may overlap it),
-    # in which each case is uploaded when it is checked and dropped after: the device holds one case at a time.
+    stages = {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3),
+              "read": round(time.perf_counter() - t0, 3)}
+    result = _check(spec, files, task, stages)
+    return result | {"stage_s": {k: round(v, 3) for k, v in stages.items()} | {"cpu_s": cpu_seconds()}}
+
+
+@contextmanager
+def _case_turn(stages: dict):
+    """A shared turn for one case; its wait and its length are added to the check's stages."""
+    t0 = time.perf_counter()
     with device_turn(shared=True):
-        t2 = time.perf_counter()
-        result = _check(spec, files, task)
-    return result | {"stage_s": {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3),
-                                 "read": round(t1 - t0, 3), "wait_for_device": round(t2 - t1, 3),
-                                 "compare": round(time.perf_counter() - t2, 3), "cpu_s": cpu_seconds()}}
+        t1 = time.perf_counter()
+        yield
+    stages["wait_for_device"] = stages.get("wait_for_device", 0.0) + t1 - t0
+    stages["compare"] = stages.get("compare", 0.0) + time.perf_counter() - t1
 
 
 def _told_to_go(go: Path, stop: Path) -> bool:
@@ -229,9 +236,10 @@ def _told_to_go(go: Path, stop: Path) -> bool:
 
 
 class _Files:
-    """Tensor files, mapped ahead (reading costs nothing until a tensor is used) and uploaded each time one is used,
-    so that the device holds only what the case being checked uses. weights_only: outputs were written by
-    untrusted code; never unpickle objects. A file that failed to load raises its error when it is used."""
+    """Tensor files, mapped ahead (reading costs nothing until a tensor is used). `host` copies one into page-locked
+    memory (outside any turn), `upload` puts such a copy on the device (inside one): the device holds only what the
+    case being checked uses. weights_only: outputs were written by untrusted code; never unpickle objects. A file
+    that failed to load raises its error when it is used."""
 
     def __init__(self, device: str):
         self.device, self.loaded = device, {}
@@ -244,15 +252,18 @@ class _Files:
         except Exception as exc:  # noqa: BLE001 - reported where the file is used
             self.loaded[path] = exc
 
-    def get(self, path: Path, part: str | None = None):
-        """The file's tensors (or those of one `part` of it) on the device: a fresh upload, freed when the caller
-        lets go of it."""
+    def host(self, path: Path, part: str | None = None):
+        """The file's tensors (or those of one `part` of it), page-locked on a GPU host."""
         if path not in self.loaded:
             self.read(path)
         value = self.loaded[path]
         if isinstance(value, Exception):
             raise value
-        return _map(value[part] if part else value, lambda t: t.to(self.device))
+        value = value[part] if part else value
+        return _map(value, lambda t: t.pin_memory()) if self.device == "cuda" else value
+
+    def upload(self, value):
+        return _map(value, lambda t: t.to(self.device))
 
 
 def _map(value, fn):
@@ -268,7 +279,7 @@ def _map(value, fn):
     return value
 
 
-def _check(spec: dict, files: _Files, task) -> dict:
+def _check(spec: dict, files: _Files, task, stages: dict) -> dict:
     import torch
 
     from sandbox.harness.compare import compare_outputs
@@ -279,32 +290,37 @@ def _check(spec: dict, files: _Files, task) -> dict:
     for shape in spec["shapes"]:
         for seed in spec["seeds"]:
             where = f"at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed}"
-            saved = files.get(_input_path(spec, shape["name"], seed))
-            for name, value in shape["sizes"].items():
-                setattr(task, name, value)
-            model = _build_model(spec, task, saved["init"], seed, device, dtype).to(torch.float64)
-            args = [a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                    for a in to_device(saved["args"], device, shape["layout"])]
-            with torch.no_grad():
-                refs = as_outputs(_task_call("float64 reference", spec, model, *args))
-            del args, saved, model  # one case on the device at a time
+            t0 = time.perf_counter()
+            saved = files.host(_input_path(spec, shape["name"], seed))
             try:
-                outs = files.get(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
+                outs = files.host(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
             except Exception as exc:  # noqa: BLE001
                 cases.append({"shape": shape["name"], "seed": seed, "kind": "wrong_output",
                               "reason": f"unreadable candidate output {where}: {type(exc).__name__}: {exc}"})
                 continue
-            if not isinstance(outs, list) or not all(isinstance(o, torch.Tensor) for o in outs):
-                failure = {"kind": "wrong_output", "reason": f"candidate output is not a list of tensors {where}"}
-            else:
-                failure = compare_outputs(outs, refs, expected[shape["name"]], spec["tolerances"], where)
+            stages["stage_to_host"] = stages.get("stage_to_host", 0.0) + time.perf_counter() - t0
+            with _case_turn(stages):
+                for name, value in shape["sizes"].items():
+                    setattr(task, name, value)
+                model = _build_model(spec, task, saved["init"], seed, device, dtype).to(torch.float64)
+                args = [a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                        for a in to_device(saved["args"], device, shape["layout"])]
+                with torch.no_grad():
+                    refs = as_outputs(_task_call("float64 reference", spec, model, *args))
+                del args, saved, model  # one case on the device at a time
+                if not isinstance(outs, list) or not all(isinstance(o, torch.Tensor) for o in outs):
+                    failure = {"kind": "wrong_output", "reason": f"candidate output is not a list of tensors {where}"}
+                else:
+                    failure = compare_outputs(files.upload(outs), refs, expected[shape["name"]], spec["tolerances"],
+                                              where)
+                del outs, refs
             cases.append({"shape": shape["name"], "seed": seed, **(failure or {"kind": "pass", "reason": ""})})
-            del outs, refs
-        cases.append(_check_timed_call(spec, files, task, shape, expected[shape["name"]], device, dtype))
+        cases.append(_check_timed_call(spec, files, task, shape, expected[shape["name"]], device, dtype, stages))
     return {"status": "ok", "cases": cases}
 
 
-def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: list, device: str, dtype) -> dict:
+def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: list, device: str, dtype,
+                      stages: dict) -> dict:
     """The output of one random timed call, against the reference for the exact (rolled) inputs it was given."""
     import torch
 
@@ -312,7 +328,7 @@ def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: li
 
     case = {"shape": shape["name"], "seed": "timed"}
     try:
-        spot = files.get(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
+        spot = files.host(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
         seed, rolls, outs = spot["seed"], spot["rolls"], spot["outs"]
         if seed not in spec["seeds"] or not isinstance(rolls, int) or rolls < 1:
             raise ValueError(f"implausible record (seed {seed!r}, rolls {rolls!r})")
@@ -322,23 +338,25 @@ def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: li
         return case | {"kind": "timed_output_mismatch",
                        "reason": f"no usable record of a timed call at shape {shape['name']}: {exc}"}
     where = f"in a timed call at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed} rolled {rolls}"
-    saved = files.get(_input_path(spec, shape["name"], seed))
-    for name, value in shape["sizes"].items():
-        setattr(task, name, value)
-    args = []
-    for a in to_device(saved["args"], device, shape["layout"]):
-        if rollable(a):
-            a = torch.roll(a, rolls, dims=-1)  # what the timing loop did, one step per call (timing.roll_inputs)
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            a = a.to(torch.float64)
-        args.append(a)
+    saved = files.host(_input_path(spec, shape["name"], seed))
     # Timing uses one model for every input set: the one built under the first seed (see candidate.run).
     first = spec["seeds"][0]
-    init = files.get(_input_path(spec, shape["name"], first), part="init")
-    model = _build_model(spec, task, init, first, device, dtype).to(torch.float64)
-    with torch.no_grad():
-        refs = as_outputs(_task_call("float64 reference", spec, model, *args))
-    failure = compare_outputs(outs, refs, expected, spec["tolerances"], where)
+    init = files.host(_input_path(spec, shape["name"], first), part="init")
+    with _case_turn(stages):
+        for name, value in shape["sizes"].items():
+            setattr(task, name, value)
+        args = []
+        for a in to_device(saved["args"], device, shape["layout"]):
+            if rollable(a):
+                a = torch.roll(a, rolls, dims=-1)  # what the timing loop did, one step per call (timing.roll_inputs)
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                a = a.to(torch.float64)
+            args.append(a)
+        model = _build_model(spec, task, init, first, device, dtype).to(torch.float64)
+        with torch.no_grad():
+            refs = as_outputs(_task_call("float64 reference", spec, model, *args))
+        del args, model
+        failure = compare_outputs(files.upload(outs), refs, expected, spec["tolerances"], where)
     if failure:
         failure = {"kind": "timed_output_mismatch", "reason": f"{failure['kind']}: {failure['reason']} (the "
                    "outputs of timed calls must be as correct as those of the correctness calls)"}
