@@ -229,16 +229,18 @@ def _save_outputs(to_save: list, outputs_dir: Path, cuda: bool, sync, serializat
     def tensors(value):
         return value["outs"] if isinstance(value, dict) else value
 
-    def host_copy(value):
-        outs = [torch.empty(o.shape, dtype=o.dtype, pin_memory=cuda).copy_(o, non_blocking=cuda)
-                for o in tensors(value)]
+    def host_buffers(value):  # allocated outside the turn: page-locking memory is slow
+        outs = [torch.empty(o.shape, dtype=o.dtype, pin_memory=cuda) for o in tensors(value)]
         return value | {"outs": outs} if isinstance(value, dict) else outs
 
     batches = _batches(to_save, lambda item: _nbytes(tensors(item[1])))
     to_save.clear()  # each batch's device copies are now referenced by the batch alone
     for batch in batches:
+        host = [(name, host_buffers(value)) for name, value in batch]
         with device_turn(shared=True):
-            host = [(name, host_copy(value)) for name, value in batch]
+            for (_, dst), (_, src) in zip(host, batch):
+                for d, o in zip(tensors(dst), tensors(src)):
+                    d.copy_(o, non_blocking=cuda)
             sync()
         batch.clear()  # the device copies: freed for the allocator, to be reused by the next batch
         for name, value in host:
