@@ -228,3 +228,17 @@ def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone
     with pytest.raises(TaskError, match="ran out of device memory with the device to itself"):
         pipeline.evaluate(load_task(always), candidate("good"))
     pipeline.close()
+
+
+def test_host_transfers_are_grouped_into_turns_of_bounded_size():
+    """Small files share one turn; a gigabyte-sized one crosses alone (a waiting measurement waits out each turn);
+    order is kept and nothing is lost or repeated."""
+    from sandbox.harness.candidate import TURN_BATCH_BYTES, _batches
+
+    small, big = TURN_BATCH_BYTES // 4, TURN_BATCH_BYTES * 4
+    sizes = [small, small, big, small, big, big, small, small, small, small, small]
+    groups = _batches(list(range(len(sizes))), lambda i: sizes[i])
+    assert [i for g in groups for i in g] == list(range(len(sizes)))
+    assert all(sum(sizes[i] for i in g) <= TURN_BATCH_BYTES or len(g) == 1 for g in groups)
+    assert groups == [[0, 1], [2], [3], [4], [5], [6, 7, 8, 9], [10]]
+    assert _batches([], lambda i: 0) == []
