@@ -76,11 +76,9 @@ def _compare_values(out, ref, tol: dict, where: str) -> dict | None:
 
 def _unflat(flat: int, shape) -> tuple:
     """A flat element number as an index into `shape`."""
-    index = []
-    for size in reversed(shape):
-        flat, i = divmod(flat, size)
-        index.append(i)
-    return tuple(reversed(index))
+    import torch
+
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape))
 
 
 def _fail(kind: str, reason: str) -> dict:
