@@ -137,6 +137,7 @@ def run(spec: dict) -> dict:
             batch = [(seed, saved | {"args": page_locked(saved["args"], device)}) for seed, saved in batch]
             stages.done("read_inputs")
             with device_turn(shared=True):
+                stages.done("wait_for_device")
                 for seed, saved in batch:
                     torch.manual_seed(seed)
                     try:
@@ -151,9 +152,9 @@ def run(spec: dict) -> dict:
                     sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
                 sync()
             del batch, saved  # the page-locked copies: their blocks are reused by the next batch
+            stages.done("compile")  # models built, inputs uploaded, the first call (where kernels compile) made
         staged.append((shape, sets))
         del saved_sets
-        stages.done("compile")
 
     # 2. The correctness calls, in a shared turn: they measure nothing, so other evaluations' light use (uploads,
     #    first calls, checks) may overlap them; only timing needs the device to itself. One call at a time holds a
