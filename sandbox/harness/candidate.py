@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, cpu_seconds, device_memory_freed, device_turn, error_info,
                                     is_compile_error, lend_turns_while_compiling, load_module, page_locked,
-                                    prepare_device, to_device, write_result)
+                                    prepare_device, to_device, turn_batches, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
@@ -125,36 +125,37 @@ def run(spec: dict) -> dict:
     # 1. Every shape's inputs read into page-locked memory (no turn), then, in a shared turn, uploaded, its models
     #    built and a first call made on a copy of the inputs: JIT compilation and autotuning stay out of the measuring
     #    turn. While Triton compiles, the shared turn is lent back, so that it does not hold off other measurements.
-    #    Large sets go a turn each, so that the page-locked copy of one set at a time is what the host holds.
+    #    Sets of all shapes are grouped into turns by size (each turn costs a wait: small shapes share one); a large
+    #    set goes alone, so that the page-locked copy of one set at a time is what the host holds.
     lend_turns_while_compiling()
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
-    staged = []
-    for shape in spec["shapes"]:
-        saved_sets = [(seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", weights_only=True,
-                                        mmap=True, map_location="cpu")) for seed in spec["seeds"]]
-        sets = []
-        for batch in _batches(saved_sets, lambda item: _nbytes(item[1]["args"])):
-            batch = [(seed, saved | {"args": page_locked(saved["args"], device)}) for seed, saved in batch]
-            stages.done("read_inputs")
-            with device_turn(shared=True):
-                stages.done("wait_for_device")
-                for seed, saved in batch:
-                    torch.manual_seed(seed)
-                    try:
-                        model = model_cls(*saved["init"]).to(device)
-                        if dtype is not None:
-                            model = model.to(dtype)
-                    except BaseException as exc:  # noqa: BLE001
-                        raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
-                    if not sets:
-                        _first_call(model, saved["args"], shape, device, sync, path)
-                        _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
-                    sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
-                sync()
-            del batch, saved  # the page-locked copies: their blocks are reused by the next batch
-            stages.done("compile")  # models built, inputs uploaded, the first call (where kernels compile) made
-        staged.append((shape, sets))
-        del saved_sets
+    saved_sets = [(shape, seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",
+                                           weights_only=True, mmap=True, map_location="cpu"))
+                  for shape in spec["shapes"] for seed in spec["seeds"]]
+    sets_by_shape: dict[str, list] = {shape["name"]: [] for shape in spec["shapes"]}
+    for batch in turn_batches(saved_sets, lambda item: _nbytes(item[2]["args"])):
+        batch = [(shape, seed, saved | {"args": page_locked(saved["args"], device)}) for shape, seed, saved in batch]
+        stages.done("read_inputs")
+        with device_turn(shared=True):
+            stages.done("wait_for_device")
+            for shape, seed, saved in batch:
+                torch.manual_seed(seed)
+                try:
+                    model = model_cls(*saved["init"]).to(device)
+                    if dtype is not None:
+                        model = model.to(dtype)
+                except BaseException as exc:  # noqa: BLE001
+                    raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
+                sets = sets_by_shape[shape["name"]]
+                if not sets:
+                    _first_call(model, saved["args"], shape, device, sync, path)
+                    _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
+                sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
+            sync()
+        del batch, saved  # the page-locked copies: their blocks are reused by the next batch
+        stages.done("compile")  # models built, inputs uploaded, the first call (where kernels compile) made
+    staged = [(shape, sets_by_shape[shape["name"]]) for shape in spec["shapes"]]
+    del saved_sets
 
     # 2. The correctness calls, in a shared turn: they measure nothing, so other evaluations' light use (uploads,
     #    first calls, checks) may overlap them; only timing needs the device to itself. One call at a time holds a
@@ -203,21 +204,6 @@ def run(spec: dict) -> dict:
             "stage_s": stages.seconds | {"cpu_s": cpu_seconds()}}
 
 
-TURN_BATCH_BYTES = 256 << 20  # host data smaller than this goes to or from the device together, in one turn
-
-
-def _batches(items: list, size_of) -> list[list]:
-    """`items` in order, grouped while a group's total size stays within TURN_BATCH_BYTES (a larger item is alone)."""
-    groups, size = [], 0
-    for item in items:
-        if not groups or size + size_of(item) > TURN_BATCH_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(item)
-        size += size_of(item)
-    return groups
-
-
 def _save_outputs(to_save: list, outputs_dir: Path, cuda: bool, sync, serialization) -> None:
     """Each (file name, outputs) of `to_save` downloaded in a short shared turn, into page-locked host memory (a copy
     into pageable memory runs at CPU-memcpy speed and would hold the turn), then written outside the turn. Files
@@ -234,7 +220,7 @@ def _save_outputs(to_save: list, outputs_dir: Path, cuda: bool, sync, serializat
         outs = [torch.empty(o.shape, dtype=o.dtype, pin_memory=cuda) for o in tensors(value)]
         return value | {"outs": outs} if isinstance(value, dict) else outs
 
-    batches = _batches(to_save, lambda item: _nbytes(tensors(item[1])))
+    batches = turn_batches(to_save, lambda item: _nbytes(tensors(item[1])))
     to_save.clear()  # each batch's device copies are now referenced by the batch alone
     for batch in batches:
         host = [(name, host_buffers(value)) for name, value in batch]

@@ -154,6 +154,22 @@ def page_locked(values: list, device: str) -> list:
     return [v.pin_memory() if isinstance(v, torch.Tensor) else v for v in values]
 
 
+TURN_BATCH_BYTES = 256 << 20  # host data smaller than this goes to or from the device together, in one turn
+
+
+def turn_batches(items: list, size_of) -> list[list]:
+    """`items` in order, grouped while a group's total size stays within TURN_BATCH_BYTES (a larger item is alone):
+    each turn costs a wait behind the measurements in progress, and each group is held page-locked at once."""
+    groups, size = [], 0
+    for item in items:
+        if not groups or size + size_of(item) > TURN_BATCH_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += size_of(item)
+    return groups
+
+
 def cast_floating(values: list, dtype) -> list:
     import torch
 

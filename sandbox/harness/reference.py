@@ -14,10 +14,11 @@ import sys
 import time
 import traceback
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, cast_floating, cpu_seconds, device_turn, environment, error_info,
-                                    load_module, prepare_device, to_device, write_result)
+                                    load_module, prepare_device, to_device, turn_batches, write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
 
@@ -196,7 +197,7 @@ def check(spec: dict) -> dict:
     """Recompute the reference in float64 from the saved inputs and compare the candidate's saved outputs.
     Started beside the candidate (with `go_file`): it loads the task, then waits until the controller says go (the
     outputs are vetted) or stop. Each case is read into page-locked memory first, then uploaded, recomputed and
-    compared in a shared turn of its own (sandbox/gate.py): between cases, waiting measurements go ahead."""
+    compared in a shared turn (sandbox/gate.py), small cases together: between turns, waiting measurements go ahead."""
     t_start = time.perf_counter()
     task = _load_task(spec)
     t_ready = time.perf_counter()
@@ -207,8 +208,8 @@ def check(spec: dict) -> dict:
     for shape in spec["shapes"]:
         for seed in spec["seeds"]:
             files.read(_input_path(spec, shape["name"], seed))
-            files.read(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
-        files.read(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
+            files.read(_output_path(spec, f"{shape['name']}-{seed}"))
+        files.read(_output_path(spec, f"timed-{shape['name']}"))
     stages = {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3),
               "read": round(time.perf_counter() - t0, 3)}
     result = _check(spec, files, task, stages)
@@ -265,6 +266,16 @@ class _Files:
     def upload(self, value):
         return _map(value, lambda t: t.to(self.device))
 
+    def nbytes(self, path: Path) -> int:
+        """What the file's tensors take (0 for a file that failed to load): known without reading the data."""
+        import torch
+
+        sizes = []
+        value = self.loaded.get(path)
+        if value is not None and not isinstance(value, Exception):
+            _map(value, lambda t: sizes.append(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else None)
+        return sum(sizes)
+
 
 def _map(value, fn):
     """fn applied to every tensor in (nested) lists and dicts."""
@@ -280,47 +291,69 @@ def _map(value, fn):
 
 
 def _check(spec: dict, files: _Files, task, stages: dict) -> dict:
+    """Cases are staged in page-locked memory a batch at a time (small ones together, a gigabyte-sized one alone,
+    as the candidate's transfers are) and each batch is checked in one shared turn: a turn costs a wait behind the
+    measurements in progress, and a task has many small shapes."""
+    expected = {s["name"]: s["outputs"] for s in spec["prepared_shapes"]}
+    jobs = []  # (bytes it stages, what stages it: returns the case's result, or what computes it in the turn)
+    for shape in spec["shapes"]:
+        name = shape["name"]
+        for seed in spec["seeds"]:
+            staged = files.nbytes(_input_path(spec, name, seed)) + files.nbytes(_output_path(spec, f"{name}-{seed}"))
+            jobs.append((staged, partial(_stage_case, spec, files, task, shape, seed, expected[name])))
+        staged = 2 * files.nbytes(_output_path(spec, f"timed-{name}"))  # the rolled set is as large as its output
+        jobs.append((staged, partial(_stage_timed_case, spec, files, task, shape, expected[name])))
+    cases = []
+    for batch in turn_batches(jobs, lambda job: job[0]):
+        t0 = time.perf_counter()
+        results = [stage() for _, stage in batch]
+        stages["stage_to_host"] = stages.get("stage_to_host", 0.0) + time.perf_counter() - t0
+        if any(callable(r) for r in results):
+            with _case_turn(stages):
+                results = [r() if callable(r) else r for r in results]  # one case's tensors on the device at a time
+        cases += results
+    return {"status": "ok", "cases": cases}
+
+
+def _output_path(spec: dict, name: str) -> Path:
+    return Path(spec["outputs_dir"]) / f"{name}.pt"
+
+
+def _stage_case(spec: dict, files: _Files, task, shape: dict, seed: int, expected: list):
+    """One correctness call's outputs against the float64 reference: staged now, compared by what it returns."""
     import torch
 
     from sandbox.harness.compare import compare_outputs
 
-    device, dtype = spec["device"], _dtype(spec)
-    expected = {s["name"]: s["outputs"] for s in spec["prepared_shapes"]}
-    cases = []
-    for shape in spec["shapes"]:
-        for seed in spec["seeds"]:
-            where = f"at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed}"
-            t0 = time.perf_counter()
-            saved = files.host(_input_path(spec, shape["name"], seed))
-            try:
-                outs = files.host(Path(spec["outputs_dir"]) / f"{shape['name']}-{seed}.pt")
-            except Exception as exc:  # noqa: BLE001
-                cases.append({"shape": shape["name"], "seed": seed, "kind": "wrong_output",
-                              "reason": f"unreadable candidate output {where}: {type(exc).__name__}: {exc}"})
-                continue
-            stages["stage_to_host"] = stages.get("stage_to_host", 0.0) + time.perf_counter() - t0
-            with _case_turn(stages):
-                for name, value in shape["sizes"].items():
-                    setattr(task, name, value)
-                model = _build_model(spec, task, saved["init"], seed, device, dtype).to(torch.float64)
-                args = [a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                        for a in to_device(saved["args"], device, shape["layout"])]
-                with torch.no_grad():
-                    refs = as_outputs(_task_call("float64 reference", spec, model, *args))
-                del args, saved, model  # one case on the device at a time
-                if not isinstance(outs, list) or not all(isinstance(o, torch.Tensor) for o in outs):
-                    failure = {"kind": "wrong_output", "reason": f"candidate output is not a list of tensors {where}"}
-                else:
-                    failure = compare_outputs(files.upload(outs), refs, expected[shape["name"]], spec["tolerances"],
-                                              where)
-                del outs, refs
-            cases.append({"shape": shape["name"], "seed": seed, **(failure or {"kind": "pass", "reason": ""})})
-        cases.append(_check_timed_call(spec, files, task, shape, expected[shape["name"]], device, dtype, stages))
-    return {"status": "ok", "cases": cases}
+    case = {"shape": shape["name"], "seed": seed}
+    where = f"at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed}"
+    saved = files.host(_input_path(spec, shape["name"], seed))
+    try:
+        outs = files.host(_output_path(spec, f"{shape['name']}-{seed}"))
+    except Exception as exc:  # noqa: BLE001
+        return case | {"kind": "wrong_output",
+                       "reason": f"unreadable candidate output {where}: {type(exc).__name__}: {exc}"}
+
+    def on_device() -> dict:
+        device, dtype = spec["device"], _dtype(spec)
+        for name, value in shape["sizes"].items():
+            setattr(task, name, value)
+        model = _build_model(spec, task, saved["init"], seed, device, dtype).to(torch.float64)
+        args = [a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in to_device(saved["args"], device, shape["layout"])]
+        with torch.no_grad():
+            refs = as_outputs(_task_call("float64 reference", spec, model, *args))
+        del args, model
+        if not isinstance(outs, list) or not all(isinstance(o, torch.Tensor) for o in outs):
+            failure = {"kind": "wrong_output", "reason": f"candidate output is not a list of tensors {where}"}
+        else:
+            failure = compare_outputs(files.upload(outs), refs, expected, spec["tolerances"], where)
+        return case | (failure or {"kind": "pass", "reason": ""})
+
+    return on_device
 
 
-def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: list, device: str, dtype,
-                      stages: dict) -> dict:
+def _stage_timed_case(spec: dict, files: _Files, task, shape: dict, expected: list):
     """The output of one random timed call, against the reference for the exact (rolled) inputs it was given."""
     import torch
 
@@ -328,7 +361,7 @@ def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: li
 
     case = {"shape": shape["name"], "seed": "timed"}
     try:
-        spot = files.host(Path(spec["outputs_dir"]) / f"timed-{shape['name']}.pt")
+        spot = files.host(_output_path(spec, f"timed-{shape['name']}"))
         seed, rolls, outs = spot["seed"], spot["rolls"], spot["outs"]
         if seed not in spec["seeds"] or not isinstance(rolls, int) or rolls < 1:
             raise ValueError(f"implausible record (seed {seed!r}, rolls {rolls!r})")
@@ -342,7 +375,9 @@ def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: li
     # Timing uses one model for every input set: the one built under the first seed (see candidate.run).
     first = spec["seeds"][0]
     init = files.host(_input_path(spec, shape["name"], first), part="init")
-    with _case_turn(stages):
+
+    def on_device() -> dict:
+        device, dtype = spec["device"], _dtype(spec)
         for name, value in shape["sizes"].items():
             setattr(task, name, value)
         args = []
@@ -357,10 +392,12 @@ def _check_timed_call(spec: dict, files: _Files, task, shape: dict, expected: li
             refs = as_outputs(_task_call("float64 reference", spec, model, *args))
         del args, model
         failure = compare_outputs(files.upload(outs), refs, expected, spec["tolerances"], where)
-    if failure:
-        failure = {"kind": "timed_output_mismatch", "reason": f"{failure['kind']}: {failure['reason']} (the "
-                   "outputs of timed calls must be as correct as those of the correctness calls)"}
-    return case | (failure or {"kind": "pass", "reason": ""})
+        if failure:
+            failure = {"kind": "timed_output_mismatch", "reason": f"{failure['kind']}: {failure['reason']} (the "
+                       "outputs of timed calls must be as correct as those of the correctness calls)"}
+        return case | (failure or {"kind": "pass", "reason": ""})
+
+    return on_device
 
 
 def _sizes_text(sizes: dict) -> str:

@@ -233,12 +233,29 @@ def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone
 def test_host_transfers_are_grouped_into_turns_of_bounded_size():
     """Small files share one turn; a gigabyte-sized one crosses alone (a waiting measurement waits out each turn);
     order is kept and nothing is lost or repeated."""
-    from sandbox.harness.candidate import TURN_BATCH_BYTES, _batches
+    from sandbox.harness.common import TURN_BATCH_BYTES, turn_batches
 
     small, big = TURN_BATCH_BYTES // 4, TURN_BATCH_BYTES * 4
     sizes = [small, small, big, small, big, big, small, small, small, small, small]
-    groups = _batches(list(range(len(sizes))), lambda i: sizes[i])
+    groups = turn_batches(list(range(len(sizes))), lambda i: sizes[i])
     assert [i for g in groups for i in g] == list(range(len(sizes)))
     assert all(sum(sizes[i] for i in g) <= TURN_BATCH_BYTES or len(g) == 1 for g in groups)
     assert groups == [[0, 1], [2], [3], [4], [5], [6, 7, 8, 9], [10]]
-    assert _batches([], lambda i: 0) == []
+    assert turn_batches([], lambda i: 0) == []
+
+
+def test_small_shapes_share_turns(softmax_task, tmp_path):
+    """Every turn waits behind the measurements in progress, so an evaluation of small shapes takes a fixed few:
+    the candidate's uploads (every shape and seed), correctness calls, timing and downloads one each, and the check
+    one for all its cases (and the device's ceilings, measured on first use, one); not one per shape or per case
+    (this task: 3 shapes x 2 seeds + 3 timed outputs)."""
+    from appliance.tasks import load_task
+
+    pipeline = _pipeline(tmp_path, slots=1)
+    task = load_task(softmax_task)
+    pipeline.prepare(task)
+    outcome = pipeline.evaluate(task, candidate("good"))
+    pipeline.close()
+    assert outcome.verdict == "pass", outcome.reason
+    assert len(outcome.details["cases"]) == 9
+    assert outcome.details["device_turns"]["turns"] == 4 + 1 + 1, outcome.details["device_turns"]
