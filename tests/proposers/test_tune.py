@@ -43,6 +43,11 @@ class ModelNew(nn.Module):
 '''
 
 
+def one_step(seed) -> TuneProposer:
+    """A tuner that only walks (no random jumps): what these tests pin down is the walk."""
+    return TuneProposer(random.Random(seed), explore=0)
+
+
 def ctx(source: str) -> PromptContext:
     return PromptContext(task_name="t", task_source="", parent=Example(source, label="parent"))
 
@@ -130,7 +135,7 @@ def test_bad_declarations_raise_specific_errors(declaration, message):
 def test_a_current_value_outside_its_list_is_allowed():
     source = PARENT.replace("MAX_BLOCK = 4096", "MAX_BLOCK = 3000")
     assert current_values(source)["MAX_BLOCK"] == 3000
-    notes = [p.note for p in TuneProposer(random.Random(0)).propose(ctx(source), 4)]
+    notes = [p.note for p in one_step(0).propose(ctx(source), 4)]
     assert "MAX_BLOCK 3000->2048 (parent's MAX_BLOCK not in TUNABLES)" in notes
     assert "MAX_BLOCK 3000->4096 (parent's MAX_BLOCK not in TUNABLES)" in notes
 
@@ -143,12 +148,12 @@ def test_constants_inside_functions_or_branches_do_not_count():
 # --- the proposer ------------------------------------------------------------------------------------------------
 
 def test_proposes_the_one_step_neighbours_first_in_a_seeded_random_order():
-    proposals = TuneProposer(random.Random(1)).propose(ctx(PARENT), 4)
+    proposals = one_step(1).propose(ctx(PARENT), 4)
     notes = [p.note for p in proposals]
     assert sorted(notes) == sorted(["MAX_BLOCK 4096->2048", "MAX_BLOCK 4096->8192", "NUM_WARPS 8->4",
                                     "NUM_WARPS 8->16"])
-    assert notes == [p.note for p in TuneProposer(random.Random(1)).propose(ctx(PARENT), 4)]
-    orders = {tuple(p.note for p in TuneProposer(random.Random(seed)).propose(ctx(PARENT), 4)) for seed in range(20)}
+    assert notes == [p.note for p in one_step(1).propose(ctx(PARENT), 4)]
+    orders = {tuple(p.note for p in one_step(seed).propose(ctx(PARENT), 4)) for seed in range(20)}
     assert len(orders) > 1
     for p in proposals:
         assert (p.proposer, p.mode, p.failure) == ("tune", "tune", None)
@@ -157,7 +162,7 @@ def test_proposes_the_one_step_neighbours_first_in_a_seeded_random_order():
 
 
 def test_fills_up_with_distinct_random_combinations():
-    proposals = TuneProposer(random.Random(0)).propose(ctx(PARENT), 10)
+    proposals = one_step(0).propose(ctx(PARENT), 10)
     assert len(proposals) == 10
     hashes = {source_hash(p.source) for p in proposals}
     assert len(hashes) == 10 and source_hash(PARENT) not in hashes
@@ -169,14 +174,37 @@ def test_fills_up_with_distinct_random_combinations():
         assert values["NUM_WARPS"] in read_tunables(PARENT)["NUM_WARPS"]
 
 
+def test_a_share_of_proposals_jumps_anywhere_in_the_space():
+    """One-step moves alone stay in a basin whose way out is several moves long: a share of the proposals are
+    random settings of the whole space, distinct, unseen and listed; with the default share, some of every batch."""
+    tunables = read_tunables(PARENT)
+    steps = {(name, v) for name in tunables for v in neighbours(tunables[name], current_values(PARENT)[name])}
+
+    def is_one_step(p) -> bool:
+        changed = {k: v for k, v in current_values(p.source).items() if v != current_values(PARENT)[k]}
+        return len(changed) == 1 and next(iter(changed.items())) in steps
+
+    jumping = TuneProposer(random.Random(0), explore=1.0).propose(ctx(PARENT), 8)
+    assert len({source_hash(p.source) for p in jumping}) == 8
+    assert sum(not is_one_step(p) for p in jumping) >= 6  # a random setting is a one-step move 4 times in 24
+    assert all(current_values(p.source)[k] in tunables[k] for p in jumping for k in tunables)
+    seen = {source_hash(p.source) for p in jumping}
+    again = TuneProposer(random.Random(0), explore=1.0).propose(ctx(PARENT), 8, seen=seen)
+    assert not seen & {source_hash(p.source) for p in again}
+    default = [TuneProposer(random.Random(s)).propose(ctx(PARENT), 4) for s in range(20)]
+    jumps = sum(not is_one_step(p) for batch in default for p in batch)
+    assert 0.1 * 80 <= jumps <= 0.45 * 80, jumps  # EXPLORE_SHARE of them, give or take chance
+    assert one_step(0).propose(ctx(PARENT), 4) and all(is_one_step(p) for p in one_step(0).propose(ctx(PARENT), 4))
+
+
 def test_skips_seen_sources():
     seen = {source_hash(with_values(PARENT, {"MAX_BLOCK": 8192})), source_hash(with_values(PARENT, {"NUM_WARPS": 4}))}
-    notes = [p.note for p in TuneProposer(random.Random(0)).propose(ctx(PARENT), 2, seen=seen)]
+    notes = [p.note for p in one_step(0).propose(ctx(PARENT), 2, seen=seen)]
     assert sorted(notes) == ["MAX_BLOCK 4096->2048", "NUM_WARPS 8->16"]
     # A seen variant that differs only in comments is still a duplicate.
     commented = with_values(PARENT, {"MAX_BLOCK": 2048}).replace("# widest chunk", "# tried already")
     seen.add(source_hash(commented))
-    notes = [p.note for p in TuneProposer(random.Random(0)).propose(ctx(PARENT), 4, seen=seen)]
+    notes = [p.note for p in one_step(0).propose(ctx(PARENT), 4, seen=seen)]
     assert "MAX_BLOCK 4096->2048" not in notes and "NUM_WARPS 8->16" in notes and len(notes) == 4
 
 
@@ -272,16 +300,16 @@ def test_no_per_shape_proposal_without_a_table_or_evidence():
 
 def test_the_proposer_offers_the_per_shape_candidate_first_and_only_once():
     measured = [Measured(variant(4096), 1.0, {NARROW: 0.02}), Measured(variant(1024), 1.3, {NARROW: 0.01})]
-    first, *moves = TuneProposer(random.Random(0)).propose(
+    first, *moves = one_step(0).propose(
         PromptContext(task_name="t", task_source="", parent=Example(variant(4096)), measured=measured), 3)
     assert first.note.startswith("per shape: ") and read_per_shape(first.source) == {NARROW: {"MAX_BLOCK": 1024}}
     assert len(moves) == 2 and all("->" in p.note and "per shape" not in p.note for p in moves)
-    again = TuneProposer(random.Random(0)).propose(
+    again = one_step(0).propose(
         PromptContext(task_name="t", task_source="", parent=Example(variant(4096)), measured=measured), 3,
         seen={source_hash(first.source)})
     assert not any(p.note.startswith("per shape") for p in again)
     broken = variant(4096).replace("TUNED_BY_SHAPE = {}", "TUNED_BY_SHAPE = {1: 2}")
-    assert all("->" in p.note for p in TuneProposer(random.Random(0)).propose(  # a broken table: moves still come
+    assert all("->" in p.note for p in one_step(0).propose(  # a broken table: moves still come
         PromptContext(task_name="t", task_source="", parent=Example(broken), measured=measured), 2))
 
 
@@ -289,7 +317,7 @@ def test_the_proposer_offers_the_per_shape_candidate_first_and_only_once():
 
 def test_a_tuned_softmax_baseline_passes_the_real_cpu_gate(appliance, tmp_path):
     parent = SOFTMAX_BASELINE.read_text()
-    [proposal] = [p for p in TuneProposer(random.Random(0)).propose(ctx(parent), 4) if p.note == "MAX_BLOCK 4096->2048"]
+    [proposal] = [p for p in one_step(0).propose(ctx(parent), 4) if p.note == "MAX_BLOCK 4096->2048"]
     assert changed_lines(parent, proposal.source) == ["-MAX_BLOCK = 4096", "+MAX_BLOCK = 2048"]
     variant = tmp_path / "softmax_tuned.py"
     variant.write_text(proposal.source)
