@@ -15,7 +15,7 @@ import triton.language as tl
 # changes nothing); NUM_WARPS is used for blocks of 2048 or more, narrower blocks use 4. ONE_READ: a row of up to
 # ONE_READ_MAX elements is held whole (MAX_BLOCK ignored) and read once instead of twice. L2_HINTS: the
 # weights, which every row reads, stay in L2 (evict_last) and a row's last read leaves it first (evict_first);
-# a row read again marks its first read evict_last.
+# a row read again marks its first read evict_last; a row read once (ONE_READ) gets no hint, only the weights.
 MAX_BLOCK = 4096
 NUM_WARPS = 8
 ONE_READ = False
@@ -47,7 +47,8 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N_COLS: tl.constexpr, stride_xr, stride
     offs = tl.arange(0, BLOCK)
     if WHOLE_ROW:  # the row fits one block: read it once, keep it in registers
         mask = offs < N_COLS
-        x = tl.load(x_row + offs * stride_xc, mask=mask, other=0.0, eviction_policy=STREAM).to(tl.float32)
+        # Read once: no eviction hint (evict_first here was 5% slower on the H200, 32768 x 8192)
+        x = tl.load(x_row + offs * stride_xc, mask=mask, other=0.0).to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / N_COLS + eps)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0, eviction_policy=KEEP).to(tl.float32)
         tl.store(y_row + offs, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
