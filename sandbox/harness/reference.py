@@ -10,6 +10,7 @@ names; a task that raises is reported as {"status": "task_error"} with the task 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 import traceback
@@ -267,7 +268,7 @@ class _Files:
         return _map(value, lambda t: t.to(self.device))
 
     def nbytes(self, path: Path) -> int:
-        """What the file's tensors take (0 for a file that failed to load): known without reading the data."""
+        """What the file's tensors take (0 for a file that failed to load), from their headers: no data is read."""
         import torch
 
         sizes = []
@@ -298,11 +299,11 @@ def _check(spec: dict, files: _Files, task, stages: dict) -> dict:
     jobs = []  # (bytes it stages, what stages it: returns the case's result, or what computes it in the turn)
     for shape in spec["shapes"]:
         name = shape["name"]
+        inputs = files.nbytes(_input_path(spec, name, spec["seeds"][0]))  # sizes from trusted files and records only
+        outputs = _outputs_nbytes(expected[name])
         for seed in spec["seeds"]:
-            staged = files.nbytes(_input_path(spec, name, seed)) + files.nbytes(_output_path(spec, f"{name}-{seed}"))
-            jobs.append((staged, partial(_stage_case, spec, files, task, shape, seed, expected[name])))
-        staged = 2 * files.nbytes(_output_path(spec, f"timed-{name}"))  # the rolled set is as large as its output
-        jobs.append((staged, partial(_stage_timed_case, spec, files, task, shape, expected[name])))
+            jobs.append((inputs + outputs, partial(_stage_case, spec, files, task, shape, seed, expected[name])))
+        jobs.append((inputs + outputs, partial(_stage_timed_case, spec, files, task, shape, expected[name])))
     cases = []
     for batch in turn_batches(jobs, lambda job: job[0]):
         t0 = time.perf_counter()
@@ -313,6 +314,14 @@ def _check(spec: dict, files: _Files, task, stages: dict) -> dict:
                 results = [r() if callable(r) else r for r in results]  # one case's tensors on the device at a time
         cases += results
     return {"status": "ok", "cases": cases}
+
+
+def _outputs_nbytes(outputs: list[dict]) -> int:
+    """Bytes of one call's outputs, from prepare's record of them (dtype and shape of each)."""
+    import torch
+
+    return sum(math.prod(o["shape"]) * torch.empty((), dtype=getattr(torch, o["dtype"])).element_size()
+               for o in outputs)
 
 
 def _output_path(spec: dict, name: str) -> Path:
