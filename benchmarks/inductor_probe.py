@@ -129,10 +129,9 @@ def main() -> int:
             import itertools
             import tempfile
             text = baseline.read_text()
-            grid = {k: v for k, v in read_tunables(text).items() if k in ("NUM_WARPS", "ONE_READ", "L2_HINTS",
-                                                                          "MAX_BLOCK")}
+            grid = {k: v for k, v in read_tunables(text).items() if k in ("NUM_WARPS", "L2_HINTS", "MAX_BLOCK")}
             grid["NUM_WARPS"] = [16]
-            grid["MAX_BLOCK"] = [8192]
+            grid["MAX_BLOCK"] = [8192, "row"]
             folder = Path(tempfile.mkdtemp())
             for i, combo in enumerate(itertools.product(*grid.values())):
                 values = dict(zip(grid, combo))

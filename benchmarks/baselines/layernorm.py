@@ -14,15 +14,16 @@ import triton.language as tl
 
 # Tunables: the tuning proposer (appliance/proposers/tune.py) rewrites these constants. MAX_BLOCK is the widest
 # chunk of a row one program holds (longer rows are walked in chunks; past 8192, the task's dim, a larger one
-# changes nothing); NUM_WARPS is used for blocks of 2048 or more, narrower blocks use 4. ONE_READ: a row of up to
-# ONE_READ_MAX elements is held whole (MAX_BLOCK ignored) and read once instead of three times. L2_HINTS: the
-# weights, which every row reads, stay in L2 (evict_last) and a row's last read leaves it first (evict_first);
-# a row read again marks its first read evict_last; a row read once (ONE_READ) gets no hint, only the weights.
+# changes nothing), or "row": a row of up to ONE_READ_MAX elements is held whole and read once instead of
+# three times (longer rows are walked in 8192-wide chunks). One tunable, not two, so that no two settings run the same
+# kernel: the tuner's evaluations are not spent on duplicates. NUM_WARPS is used for blocks of 2048 or more,
+# narrower blocks use 4. L2_HINTS: the weights, which every row reads, stay in L2 (evict_last) and a row's last
+# read leaves it first (evict_first); a row read again marks its first read evict_last; a row read once gets no
+# hint (evict_first there was 5% slower on the H200), only the weights do.
 MAX_BLOCK = 4096
 NUM_WARPS = 8
-ONE_READ = False
 L2_HINTS = False
-TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192], "NUM_WARPS": [1, 2, 4, 8, 16, 32], "ONE_READ": [False, True],
+TUNABLES = {"MAX_BLOCK": [512, 1024, 2048, 4096, 8192, "row"], "NUM_WARPS": [1, 2, 4, 8, 16, 32],
             "L2_HINTS": [False, True]}
 ONE_READ_MAX = 16384  # beyond this a whole row no longer fits in registers
 # Per-shape settings the tuner found (the input's shape -> settings); other shapes use the constants above.
@@ -30,8 +31,8 @@ TUNED_BY_SHAPE = {}
 
 
 def _settings(x):
-    return ({"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS, "ONE_READ": ONE_READ, "L2_HINTS": L2_HINTS}
-            | TUNED_BY_SHAPE.get(tuple(x.shape), {}))
+    defaults = {"MAX_BLOCK": MAX_BLOCK, "NUM_WARPS": NUM_WARPS, "L2_HINTS": L2_HINTS}
+    return defaults | TUNED_BY_SHAPE.get(tuple(x.shape), {})
 
 
 def _policies(tuned):
@@ -49,7 +50,6 @@ def _layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N_COLS: tl.constexpr, stride_x
     offs = tl.arange(0, BLOCK)
     if WHOLE_ROW:  # the row fits one block: read it once, keep it in registers
         mask = offs < N_COLS
-        # Read once: no eviction hint (evict_first here was 5% slower on the H200, 32768 x 8192)
         x = tl.load(x_row + offs * stride_xc, mask=mask, other=0.0).to(tl.float32)
         mean = tl.sum(x, 0) / N_COLS
         d = tl.where(mask, x - mean, 0.0)
@@ -100,9 +100,9 @@ class ModelNew(nn.Module):
         if y.numel() == 0:
             return y.view(x.shape)
         tuned = _settings(x)
-        whole_row = tuned["ONE_READ"] and n_cols <= ONE_READ_MAX
-        block = triton.next_power_of_2(n_cols) if whole_row else min(triton.next_power_of_2(n_cols),
-                                                                     tuned["MAX_BLOCK"])
+        whole_row = tuned["MAX_BLOCK"] == "row" and n_cols <= ONE_READ_MAX
+        widest = 8192 if tuned["MAX_BLOCK"] == "row" else tuned["MAX_BLOCK"]
+        block = triton.next_power_of_2(n_cols) if whole_row else min(triton.next_power_of_2(n_cols), widest)
         _layernorm_kernel[(n_rows,)](x2, self.ln.weight.contiguous(), self.ln.bias.contiguous(), y, n_cols,
                                      x2.stride(0), x2.stride(1), y.stride(0), self.ln.eps,
                                      BLOCK=block, WHOLE_ROW=whole_row, **_policies(tuned),
