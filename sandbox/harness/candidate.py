@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, cpu_seconds, device_memory_freed, device_turn, error_info,
                                     is_compile_error, lend_turns_while_compiling, load_module, page_locked,
-                                    prepare_device, to_device, turn_batches, write_result)
+                                    prepare_device, tensor_bytes, to_device, turn_batches,
+                                    write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
@@ -133,7 +134,7 @@ def run(spec: dict) -> dict:
                                            weights_only=True, mmap=True, map_location="cpu"))
                   for shape in spec["shapes"] for seed in spec["seeds"]]
     sets_by_shape: dict[str, list] = {shape["name"]: [] for shape in spec["shapes"]}
-    for batch in turn_batches(saved_sets, lambda item: _nbytes(item[2]["args"])):
+    for batch in turn_batches(saved_sets, lambda item: tensor_bytes(item[2]["args"])):
         batch = [(shape, seed, saved | {"args": page_locked(saved["args"], device)}) for shape, seed, saved in batch]
         stages.done("read_inputs")
         with device_turn(shared=True):
@@ -220,7 +221,7 @@ def _save_outputs(to_save: list, outputs_dir: Path, cuda: bool, sync, serializat
         outs = [torch.empty(o.shape, dtype=o.dtype, pin_memory=cuda) for o in tensors(value)]
         return value | {"outs": outs} if isinstance(value, dict) else outs
 
-    batches = turn_batches(to_save, lambda item: _nbytes(tensors(item[1])))
+    batches = turn_batches(to_save, lambda item: tensor_bytes(tensors(item[1])))
     to_save.clear()  # each batch's device copies are now referenced by the batch alone
     for batch in batches:
         host = [(name, host_buffers(value)) for name, value in batch]
@@ -233,12 +234,6 @@ def _save_outputs(to_save: list, outputs_dir: Path, cuda: bool, sync, serializat
         for name, value in host:
             torch.save(value, outputs_dir / name)
         del host
-
-
-def _nbytes(values: list) -> int:
-    import torch
-
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> None:

@@ -154,6 +154,20 @@ def page_locked(values: list, device: str) -> list:
     return [v.pin_memory() if isinstance(v, torch.Tensor) else v for v in values]
 
 
+def tensor_bytes(value) -> int:
+    """Bytes of the tensors in `value`: a tensor, or lists, tuples and dicts of them (nested); from the tensors'
+    metadata, so a memory-mapped file's data is not read."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    return 0
+
+
 TURN_BATCH_BYTES = 256 << 20  # host data smaller than this goes to or from the device together, in one turn
 
 

@@ -19,7 +19,8 @@ from functools import partial
 from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, cast_floating, cpu_seconds, device_turn, environment, error_info,
-                                    load_module, prepare_device, to_device, turn_batches, write_result)
+                                    load_module, prepare_device, tensor_bytes, to_device, turn_batches,
+                                    write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
 
@@ -267,16 +268,6 @@ class _Files:
     def upload(self, value):
         return _map(value, lambda t: t.to(self.device))
 
-    def nbytes(self, path: Path) -> int:
-        """What the file's tensors take (0 for a file that failed to load), from their headers: no data is read."""
-        import torch
-
-        sizes = []
-        value = self.loaded.get(path)
-        if value is not None and not isinstance(value, Exception):
-            _map(value, lambda t: sizes.append(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else None)
-        return sum(sizes)
-
 
 def _map(value, fn):
     """fn applied to every tensor in (nested) lists and dicts."""
@@ -299,7 +290,8 @@ def _check(spec: dict, files: _Files, task, stages: dict) -> dict:
     jobs = []  # (bytes it stages, what stages it: returns the case's result, or what computes it in the turn)
     for shape in spec["shapes"]:
         name = shape["name"]
-        inputs = files.nbytes(_input_path(spec, name, spec["seeds"][0]))  # sizes from trusted files and records only
+        # Sizes from trusted data only (prepare's input files, its record of the outputs), never the candidate's.
+        inputs = tensor_bytes(files.loaded.get(_input_path(spec, name, spec["seeds"][0])))
         outputs = _outputs_nbytes(expected[name])
         for seed in spec["seeds"]:
             jobs.append((inputs + outputs, partial(_stage_case, spec, files, task, shape, seed, expected[name])))
@@ -320,8 +312,7 @@ def _outputs_nbytes(outputs: list[dict]) -> int:
     """Bytes of one call's outputs, from prepare's record of them (dtype and shape of each)."""
     import torch
 
-    return sum(math.prod(o["shape"]) * torch.empty((), dtype=getattr(torch, o["dtype"])).element_size()
-               for o in outputs)
+    return sum(math.prod(o["shape"]) * getattr(torch, o["dtype"]).itemsize for o in outputs)
 
 
 def _output_path(spec: dict, name: str) -> Path:
