@@ -31,6 +31,7 @@ from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
 from appliance.tasks import RebuiltTasks, Task
 from sandbox.gate import DeviceGate
+from sandbox.harness.transfer import RECORD_MAX_BYTES
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
@@ -596,15 +597,16 @@ def _library_fallback(provenance: dict | None, reference_ops: list[str]) -> str 
 
 
 def _outputs_tampered(outputs: Path, shapes: list[dict]) -> str | None:
-    """The outputs directory may hold only regular files the harness writes (no links, FIFOs, devices), none
-    much larger than the outputs it should hold: the trusted check must not be the one that runs out of memory."""
+    """The outputs directory may hold only regular files the harness writes (sandbox/harness/transfer.py: no links,
+    FIFOs, devices), none much larger than the outputs it should hold: the trusted check must not be the one that
+    runs out of memory."""
     expected = {s["name"]: _output_bytes(s) for s in shapes}
     for entry in os.scandir(outputs):
-        if not entry.is_file(follow_symlinks=False) or not entry.name.endswith(".pt"):
-            return f"the candidate left {entry.name!r} in its outputs, which is not a regular .pt file"
-        stem = entry.name.removesuffix(".pt")  # "SHAPE-SEED" or "timed-SHAPE"
+        stem, dot, suffix = entry.name.rpartition(".")  # "SHAPE-SEED" or "timed-SHAPE", then "bin" or "json"
+        if not entry.is_file(follow_symlinks=False) or not dot or suffix not in ("bin", "json"):
+            return f"the candidate left {entry.name!r} in its outputs, which is not a regular .bin or .json file"
         shape = stem.removeprefix("timed-") if stem.startswith("timed-") else stem.rsplit("-", 1)[0]
-        limit = 2 * expected.get(shape, 0) + (1 << 20)
+        limit = 2 * expected.get(shape, 0) + (1 << 20) if suffix == "bin" else RECORD_MAX_BYTES
         if entry.stat(follow_symlinks=False).st_size > limit:
             return f"the candidate's output file {entry.name!r} is larger than its outputs can be ({limit} bytes)"
     return None

@@ -17,13 +17,13 @@ import traceback
 from pathlib import Path
 
 from sandbox.harness.common import (as_outputs, cpu_seconds, device_memory_freed, device_turn, error_info,
-                                    is_compile_error, lend_turns_while_compiling, load_module, page_locked,
-                                    prepare_device, tensor_bytes, to_device, turn_batches,
-                                    write_result)
+                                    is_compile_error, lend_turns_while_compiling, load_module, prepare_device,
+                                    tensor_bytes, to_device, turn_batches, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
 from sandbox.harness.timing import time_calls
+from sandbox.harness.transfer import Staging, create_output_file
 
 
 class CandidateFailure(Exception):
@@ -103,7 +103,6 @@ def run(spec: dict) -> dict:
     stages = _Stages()
     _progress(spec, "load")
     import torch  # noqa: F401 - before the candidate, so the watch records torch's own functions
-    from torch.utils import serialization
 
     meter = EnergyMeter() if spec["device"] == "cuda" else None
     launches = Launches()
@@ -123,20 +122,19 @@ def run(spec: dict) -> dict:
     dtype = getattr(torch, spec["dtype"]) if spec["dtype"] else None
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    # 1. Every shape's inputs read into page-locked memory (no turn), then, in a shared turn, uploaded, its models
-    #    built and a first call made on a copy of the inputs: JIT compilation and autotuning stay out of the measuring
-    #    turn. While Triton compiles, the shared turn is lent back, so that it does not hold off other measurements.
-    #    Sets of all shapes are grouped into turns by size (each turn costs a wait: small shapes share one); a large
-    #    set goes alone, so that the page-locked copy of one set at a time is what the host holds.
+    # 1. In a shared turn per batch of input sets (all shapes' together, up to a few GiB): the sets uploaded from
+    #    their memory-mapped files through the staging buffers, the models built and a first call made per shape on
+    #    a copy of its inputs: JIT compilation and autotuning stay out of the measuring turn. While Triton compiles,
+    #    the shared turn is lent back, so that it does not hold off other measurements.
     lend_turns_while_compiling()
+    staging = Staging(device)
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
     saved_sets = [(shape, seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",
                                            weights_only=True, mmap=True, map_location="cpu"))
                   for shape in spec["shapes"] for seed in spec["seeds"]]
     sets_by_shape: dict[str, list] = {shape["name"]: [] for shape in spec["shapes"]}
+    stages.done("read_inputs")
     for batch in turn_batches(saved_sets, lambda item: tensor_bytes(item[2]["args"])):
-        batch = [(shape, seed, saved | {"args": page_locked(saved["args"], device)}) for shape, seed, saved in batch]
-        stages.done("read_inputs")
         with device_turn(shared=True):
             stages.done("wait_for_device")
             for shape, seed, saved in batch:
@@ -149,11 +147,11 @@ def run(spec: dict) -> dict:
                     raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
                 sets = sets_by_shape[shape["name"]]
                 if not sets:
-                    _first_call(model, saved["args"], shape, device, sync, path)
+                    _first_call(model, saved["args"], shape, device, sync, path, staging)
                     _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
-                sets.append((seed, model, to_device(saved["args"], device, shape["layout"])))
+                sets.append((seed, model, to_device(saved["args"], device, shape["layout"], staging.upload)))
             sync()
-        del batch, saved  # the page-locked copies: their blocks are reused by the next batch
+        del batch, saved
         stages.done("compile")  # models built, inputs uploaded, the first call (where kernels compile) made
     staged = [(shape, sets_by_shape[shape["name"]]) for shape in spec["shapes"]]
     del saved_sets
@@ -168,7 +166,7 @@ def run(spec: dict) -> dict:
         for shape, sets in staged:
             for seed, model, args in sets:
                 outs = _correctness_call(model, args, shape, seed, watch, launches, provenance, sync, path, stages)
-                to_save.append((f"{shape['name']}-{seed}.pt", outs))
+                to_save.append((f"{shape['name']}-{seed}", outs, {}))
                 del outs
 
     # 3. With the device to itself: the timing loop.
@@ -186,15 +184,15 @@ def run(spec: dict) -> dict:
             _check_untampered(watch, "timing", f"while timing shape {shape['name']}")
             # One random timed call's output, for the trusted check (which rebuilds its inputs from set and rolls).
             spot_outs = [o for o in as_outputs(spot["outs"]) or [] if isinstance(o, torch.Tensor)]
-            to_save.append((f"timed-{shape['name']}.pt",
-                            {"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"], "outs": spot_outs}))
+            to_save.append((f"timed-{shape['name']}", spot_outs,
+                            {"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"]}))
             del input_sets, sets[:], spot, spot_outs
             stages.done("timing")
 
     # 4. Outputs written for the trusted check, then nothing of ours is left on the device: freed, and the gate told
     #    so, so that another evaluation may be admitted (sandbox/gate.py).
     del staged, timed_model, model, args
-    _save_outputs(to_save, Path(spec["outputs_dir"]), device == "cuda", sync, serialization)
+    _save_outputs(to_save, Path(spec["outputs_dir"]), staging, sync)
     del to_save
     if device == "cuda":
         gc.collect()  # tensors a model keeps in a reference cycle
@@ -205,45 +203,30 @@ def run(spec: dict) -> dict:
             "stage_s": stages.seconds | {"cpu_s": cpu_seconds()}}
 
 
-def _save_outputs(to_save: list, outputs_dir: Path, cuda: bool, sync, serialization) -> None:
-    """Each (file name, outputs) of `to_save` downloaded in a short shared turn, into page-locked host memory (a copy
-    into pageable memory runs at CPU-memcpy speed and would hold the turn), then written outside the turn. Files
-    go a batch at a time and their host copies are let go once written: torch's page-locked allocator reuses the
-    blocks, so a process holds about one file's worth of host memory rather than all its outputs at once."""
-    import torch
-
-    serialization.config.save.compute_crc32 = False  # a checksum of gigabytes in memory, read back at once: no use
-
-    def tensors(value):
-        return value["outs"] if isinstance(value, dict) else value
-
-    def host_buffers(value):  # allocated outside the turn: page-locking memory is slow
-        outs = [torch.empty(o.shape, dtype=o.dtype, pin_memory=cuda) for o in tensors(value)]
-        return value | {"outs": outs} if isinstance(value, dict) else outs
-
-    batches = turn_batches(to_save, lambda item: tensor_bytes(tensors(item[1])))
-    to_save.clear()  # each batch's device copies are now referenced by the batch alone
-    for batch in batches:
-        host = [(name, host_buffers(value)) for name, value in batch]
+def _save_outputs(to_save: list, outputs_dir: Path, staging: Staging, sync) -> None:
+    """Each (name, outputs, extra) of `to_save` written as an output file pair (sandbox/harness/transfer.py): the
+    files are created and mapped outside any turn, then the outputs downloaded straight into them, a batch of
+    files per shared turn, each batch's device copies let go once it is down."""
+    files = [(outs, create_output_file(outputs_dir, name, outs, extra)) for name, outs, extra in to_save]
+    to_save.clear()  # the device copies are now referenced by `files` alone
+    for batch in turn_batches(files, lambda item: tensor_bytes(item[0])):
         with device_turn(shared=True):
-            for (_, dst), (_, src) in zip(host, batch):
-                for d, o in zip(tensors(dst), tensors(src)):
-                    d.copy_(o, non_blocking=cuda)
+            for outs, host in batch:
+                for o, dst in zip(outs, host):
+                    staging.download(o, dst)
             sync()
-        batch.clear()  # the device copies: freed for the allocator, to be reused by the next batch
-        for name, value in host:
-            torch.save(value, outputs_dir / name)
-        del host
+        batch.clear()
+    files.clear()
 
 
-def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str) -> None:
+def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str, staging: Staging) -> None:
     """Compile and warm up on a copy of the inputs: whatever the call does to them, the correctness calls
     still see the inputs as saved."""
     import torch
 
     # On a GPU the upload is the copy; on the CPU "to" the device returns the saved (memory-mapped) tensor itself.
     copy = to_device([a.clone() if isinstance(a, torch.Tensor) and device == "cpu" else a for a in saved_args],
-                     device, shape["layout"])
+                     device, shape["layout"], staging.upload)
     try:
         with torch.no_grad():
             outs = as_outputs(model(*copy)) or []

@@ -126,14 +126,15 @@ def as_outputs(result: Any) -> list | None:
     return None
 
 
-def to_device(values: list, device: str, layout: str) -> list:
-    """Move saved inputs to the device; `strided` makes every tensor input a non-contiguous view."""
+def to_device(values: list, device: str, layout: str, upload=None) -> list:
+    """Move saved inputs to the device (with `upload`, e.g. a transfer.Staging's, where given); `strided` makes
+    every tensor input a non-contiguous view."""
     import torch
 
     out = []
     for v in values:
         if isinstance(v, torch.Tensor):
-            v = v.to(device)
+            v = upload(v) if upload else v.to(device)
             if layout == "strided" and v.dim() >= 1:
                 # Same values, but every row sits in a buffer twice as wide: a stride-2 view.
                 wide = torch.empty(*v.shape[:-1], v.shape[-1] * 2, dtype=v.dtype, device=device)
@@ -141,17 +142,6 @@ def to_device(values: list, device: str, layout: str) -> list:
                 v = wide[..., ::2]
         out.append(v)
     return out
-
-
-def page_locked(values: list, device: str) -> list:
-    """The tensors among `values` copied into page-locked host memory when the device is a GPU. Done outside any
-    turn: the upload inside the turn is then a DMA at full bus speed, where one from pageable (or memory-mapped)
-    memory runs at CPU-memcpy speed and holds the shared turn, and with it every measurement waiting, that long."""
-    import torch
-
-    if device != "cuda":
-        return values
-    return [v.pin_memory() if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def tensor_bytes(value) -> int:
@@ -168,12 +158,15 @@ def tensor_bytes(value) -> int:
     return 0
 
 
-TURN_BATCH_BYTES = 256 << 20  # host data smaller than this goes to or from the device together, in one turn
+# Host data up to this size goes to or from the device in one turn (a larger item alone): each turn costs a wait
+# behind the measurements in progress, and streamed through page-locked chunks (transfer.Staging) 4 GiB cross in
+# about half a second, which is as long as a shared turn should hold off a measurement.
+TURN_BATCH_BYTES = 4 << 30
 
 
 def turn_batches(items: list, size_of) -> list[list]:
-    """`items` in order, grouped while a group's total size stays within TURN_BATCH_BYTES (a larger item is alone):
-    each turn costs a wait behind the measurements in progress, and each group is held page-locked at once."""
+    """`items` in order, grouped while a group's total size stays within TURN_BATCH_BYTES (a larger item is alone),
+    a group per turn."""
     groups, size = [], 0
     for item in items:
         if not groups or size + size_of(item) > TURN_BATCH_BYTES:

@@ -19,6 +19,7 @@ def _watched() -> dict[str, object]:
 
     import sandbox.harness.common as common
     import sandbox.harness.timing as timing
+    import sandbox.harness.transfer as transfer
 
     items = {
         "time.perf_counter": (time, "perf_counter"), "time.perf_counter_ns": (time, "perf_counter_ns"),
@@ -34,6 +35,9 @@ def _watched() -> dict[str, object]:
         "json.dumps": (json, "dumps"), "os.replace": (os, "replace"), "builtins.open": (builtins, "open"),
         "statistics.median": (statistics, "median"), "timing.time_calls": (timing, "time_calls"),
         "timing.roll_inputs": (timing, "roll_inputs"), "common.write_result": (common, "write_result"),
+        "torch.frombuffer": (torch, "frombuffer"), "transfer.create_output_file": (transfer, "create_output_file"),
+        "transfer.Staging.download": (transfer.Staging, "download"), "transfer.Staging._drain": (transfer.Staging, "_drain"),
+        "transfer.Staging.upload": (transfer.Staging, "upload"),
     }
     return {name: getattr(owner, attr, None) for name, (owner, attr) in items.items()}
 

@@ -23,6 +23,7 @@ from sandbox.harness.common import (as_outputs, cast_floating, cpu_seconds, devi
                                     write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
+from sandbox.harness.transfer import OutputRecord, Staging
 
 
 class TaskFault(Exception):
@@ -206,14 +207,8 @@ def check(spec: dict) -> dict:
     if spec.get("go_file") and not _told_to_go(Path(spec["go_file"]), Path(spec["stop_file"])):
         return {"status": "cancelled"}
     t0 = time.perf_counter()
-    files = _Files(spec["device"])
-    for shape in spec["shapes"]:
-        for seed in spec["seeds"]:
-            files.read(_input_path(spec, shape["name"], seed))
-            files.read(_output_path(spec, f"{shape['name']}-{seed}"))
-        files.read(_output_path(spec, f"timed-{shape['name']}"))
-    stages = {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3),
-              "read": round(time.perf_counter() - t0, 3)}
+    files = _Files(spec)
+    stages = {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3)}
     result = _check(spec, files, task, stages)
     return result | {"stage_s": {k: round(v, 3) for k, v in stages.items()} | {"cpu_s": cpu_seconds()}}
 
@@ -239,59 +234,40 @@ def _told_to_go(go: Path, stop: Path) -> bool:
 
 
 class _Files:
-    """Tensor files, mapped ahead (reading costs nothing until a tensor is used). `host` copies one into page-locked
-    memory (outside any turn), `upload` puts such a copy on the device (inside one): the device holds only what the
-    case being checked uses. weights_only: outputs were written by untrusted code; never unpickle objects. A file
-    that failed to load raises its error when it is used."""
+    """The saved inputs (prepare's files, memory-mapped: nothing is read until used) and the candidate's output files
+    (sandbox/harness/transfer.py: checked before anything is read, read as data). Both reach the device through the
+    staging buffers, inside the case's turn."""
 
-    def __init__(self, device: str):
-        self.device, self.loaded = device, {}
+    def __init__(self, spec: dict):
+        self.spec, self.staging, self._inputs = spec, Staging(spec["device"]), {}
+        self.outputs_max = {s["name"]: 2 * _outputs_nbytes(s["outputs"]) + (1 << 20) for s in spec["prepared_shapes"]}
 
-    def read(self, path: Path) -> None:
+    def inputs(self, shape: str, seed: int) -> dict:
         import torch
 
-        try:
-            self.loaded[path] = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
-        except Exception as exc:  # noqa: BLE001 - reported where the file is used
-            self.loaded[path] = exc
+        path = _input_path(self.spec, shape, seed)
+        if path not in self._inputs:
+            self._inputs[path] = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        return self._inputs[path]
 
-    def host(self, path: Path, part: str | None = None):
-        """The file's tensors (or those of one `part` of it), page-locked on a GPU host."""
-        if path not in self.loaded:
-            self.read(path)
-        value = self.loaded[path]
-        if isinstance(value, Exception):
-            raise value
-        value = value[part] if part else value
-        return _map(value, lambda t: t.pin_memory()) if self.device == "cuda" else value
+    def output(self, shape: str, name: str) -> OutputRecord:
+        """The record of output file pair `name` of `shape`; ValueError says what is wrong with it."""
+        return OutputRecord(Path(self.spec["outputs_dir"]), name, self.outputs_max[shape])
 
-    def upload(self, value):
-        return _map(value, lambda t: t.to(self.device))
-
-
-def _map(value, fn):
-    """fn applied to every tensor in (nested) lists and dicts."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)):
-        return [_map(v, fn) for v in value]
-    if isinstance(value, dict):
-        return {k: _map(v, fn) for k, v in value.items()}
-    return value
+    def upload(self, values: list, layout: str) -> list:
+        return to_device(values, self.spec["device"], layout, self.staging.upload)
 
 
 def _check(spec: dict, files: _Files, task, stages: dict) -> dict:
-    """Cases are staged in page-locked memory a batch at a time (small ones together, a gigabyte-sized one alone,
-    as the candidate's transfers are) and each batch is checked in one shared turn: a turn costs a wait behind the
-    measurements in progress, and a task has many small shapes."""
+    """Cases are checked a batch at a time (up to a few GiB of inputs and outputs: all small shapes together), each
+    batch in one shared turn: a turn costs a wait behind the measurements in progress. A case's files are opened
+    and checked before the turn; its tensors go to the device in the turn, one case at a time."""
     expected = {s["name"]: s["outputs"] for s in spec["prepared_shapes"]}
     jobs = []  # (bytes it stages, what stages it: returns the case's result, or what computes it in the turn)
     for shape in spec["shapes"]:
         name = shape["name"]
         # Sizes from trusted data only (prepare's input files, its record of the outputs), never the candidate's.
-        inputs = tensor_bytes(files.loaded.get(_input_path(spec, name, spec["seeds"][0])))
+        inputs = tensor_bytes(files.inputs(name, spec["seeds"][0])["args"])
         outputs = _outputs_nbytes(expected[name])
         for seed in spec["seeds"]:
             jobs.append((inputs + outputs, partial(_stage_case, spec, files, task, shape, seed, expected[name])))
@@ -300,7 +276,7 @@ def _check(spec: dict, files: _Files, task, stages: dict) -> dict:
     for batch in turn_batches(jobs, lambda job: job[0]):
         t0 = time.perf_counter()
         results = [stage() for _, stage in batch]
-        stages["stage_to_host"] = stages.get("stage_to_host", 0.0) + time.perf_counter() - t0
+        stages["open_files"] = stages.get("open_files", 0.0) + time.perf_counter() - t0
         if any(callable(r) for r in results):
             with _case_turn(stages):
                 results = [r() if callable(r) else r for r in results]  # one case's tensors on the device at a time
@@ -315,39 +291,30 @@ def _outputs_nbytes(outputs: list[dict]) -> int:
     return sum(math.prod(o["shape"]) * getattr(torch, o["dtype"]).itemsize for o in outputs)
 
 
-def _output_path(spec: dict, name: str) -> Path:
-    return Path(spec["outputs_dir"]) / f"{name}.pt"
-
-
 def _stage_case(spec: dict, files: _Files, task, shape: dict, seed: int, expected: list):
-    """One correctness call's outputs against the float64 reference: staged now, compared by what it returns."""
+    """One correctness call's outputs against the float64 reference: checked now, compared by what it returns."""
     import torch
 
     from sandbox.harness.compare import compare_outputs
 
     case = {"shape": shape["name"], "seed": seed}
     where = f"at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed}"
-    saved = files.host(_input_path(spec, shape["name"], seed))
+    saved = files.inputs(shape["name"], seed)
     try:
-        outs = files.host(_output_path(spec, f"{shape['name']}-{seed}"))
-    except Exception as exc:  # noqa: BLE001
-        return case | {"kind": "wrong_output",
-                       "reason": f"unreadable candidate output {where}: {type(exc).__name__}: {exc}"}
+        record = files.output(shape["name"], f"{shape['name']}-{seed}")
+    except ValueError as exc:
+        return case | {"kind": "wrong_output", "reason": f"unreadable candidate output {where}: {exc}"}
 
     def on_device() -> dict:
         device, dtype = spec["device"], _dtype(spec)
         for name, value in shape["sizes"].items():
             setattr(task, name, value)
         model = _build_model(spec, task, saved["init"], seed, device, dtype).to(torch.float64)
-        args = [a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                for a in to_device(saved["args"], device, shape["layout"])]
+        args = cast_floating(files.upload(saved["args"], shape["layout"]), torch.float64)
         with torch.no_grad():
             refs = as_outputs(_task_call("float64 reference", spec, model, *args))
         del args, model
-        if not isinstance(outs, list) or not all(isinstance(o, torch.Tensor) for o in outs):
-            failure = {"kind": "wrong_output", "reason": f"candidate output is not a list of tensors {where}"}
-        else:
-            failure = compare_outputs(files.upload(outs), refs, expected, spec["tolerances"], where)
+        failure = compare_outputs(record.upload(files.staging), refs, expected, spec["tolerances"], where)
         return case | (failure or {"kind": "pass", "reason": ""})
 
     return on_device
@@ -360,28 +327,27 @@ def _stage_timed_case(spec: dict, files: _Files, task, shape: dict, expected: li
     from sandbox.harness.compare import compare_outputs
 
     case = {"shape": shape["name"], "seed": "timed"}
-    try:
-        spot = files.host(_output_path(spec, f"timed-{shape['name']}"))
-        seed, rolls, outs = spot["seed"], spot["rolls"], spot["outs"]
-        if seed not in spec["seeds"] or not isinstance(rolls, int) or rolls < 1:
+    try:  # written by untrusted code: anything may be wrong with it
+        record = files.output(shape["name"], f"timed-{shape['name']}")
+        seed, rolls = record.extra.get("seed"), record.extra.get("rolls")
+        if seed not in spec["seeds"] or type(rolls) is not int or rolls < 1:
+            record.close()
             raise ValueError(f"implausible record (seed {seed!r}, rolls {rolls!r})")
-        if not isinstance(outs, list) or not all(isinstance(o, torch.Tensor) for o in outs):
-            raise ValueError("outputs are not a list of tensors")
-    except Exception as exc:  # noqa: BLE001 - written by untrusted code: anything may be wrong with it
+    except ValueError as exc:
         return case | {"kind": "timed_output_mismatch",
                        "reason": f"no usable record of a timed call at shape {shape['name']}: {exc}"}
     where = f"in a timed call at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed} rolled {rolls}"
-    saved = files.host(_input_path(spec, shape["name"], seed))
+    saved = files.inputs(shape["name"], seed)
     # Timing uses one model for every input set: the one built under the first seed (see candidate.run).
     first = spec["seeds"][0]
-    init = files.host(_input_path(spec, shape["name"], first), part="init")
+    init = files.inputs(shape["name"], first)["init"]
 
     def on_device() -> dict:
         device, dtype = spec["device"], _dtype(spec)
         for name, value in shape["sizes"].items():
             setattr(task, name, value)
         args = []
-        for a in to_device(saved["args"], device, shape["layout"]):
+        for a in files.upload(saved["args"], shape["layout"]):
             if rollable(a):
                 a = torch.roll(a, rolls, dims=-1)  # what the timing loop did, one step per call (timing.roll_inputs)
             if isinstance(a, torch.Tensor) and a.is_floating_point():
@@ -391,7 +357,7 @@ def _stage_timed_case(spec: dict, files: _Files, task, shape: dict, expected: li
         with torch.no_grad():
             refs = as_outputs(_task_call("float64 reference", spec, model, *args))
         del args, model
-        failure = compare_outputs(files.upload(outs), refs, expected, spec["tolerances"], where)
+        failure = compare_outputs(record.upload(files.staging), refs, expected, spec["tolerances"], where)
         if failure:
             failure = {"kind": "timed_output_mismatch", "reason": f"{failure['kind']}: {failure['reason']} (the "
                        "outputs of timed calls must be as correct as those of the correctness calls)"}

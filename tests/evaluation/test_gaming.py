@@ -22,7 +22,7 @@ CASES = {
     "low_precision": ("wrong_output", "correctness", ["max abs err"]),
     "fallback_token_kernel": ("library_fallback", "correctness", ["reference's own library ops", "_softmax"]),
     "torch_composite": ("library_fallback", "correctness", ["no kernel of its own", "exp"]),
-    "stuffs_outputs": ("tampering", "correctness", ["junk.pt", "larger than its outputs can be"]),
+    "stuffs_outputs": ("tampering", "correctness", ["junk.bin", "larger than its outputs can be"]),
     "deferred_thread": ("deferred_work", "correctness", ["changed after forward returned"]),
     "imports_reference": ("load_error", "load", ["no reference task.py visible"]),
 }

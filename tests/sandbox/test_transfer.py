@@ -1,0 +1,72 @@
+"""Output files (written by the untrusted candidate, read by the trusted check) and the staged host<->device copies."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from sandbox.harness import transfer
+from sandbox.harness.transfer import OutputRecord, Staging, create_output_file
+
+
+def _write(tmp_path, name, outs, extra=None):
+    for o, dst in zip(outs, create_output_file(tmp_path, name, outs, extra)):
+        Staging("cpu").download(o, dst)
+
+
+def test_outputs_round_trip_through_their_files(tmp_path):
+    outs = [torch.randn(3, 5), torch.arange(7, dtype=torch.int16), torch.tensor(True), torch.empty(0, 4)]
+    _write(tmp_path, "main-0", outs, {"seed": 0, "rolls": 3})
+    record = OutputRecord(tmp_path, "main-0", max_bytes=1 << 20)
+    assert record.extra == {"seed": 0, "rolls": 3}
+    back = record.upload(Staging("cpu"))
+    assert [(b.dtype, b.shape) for b in back] == [(o.dtype, o.shape) for o in outs]
+    assert all(torch.equal(b, o) for b, o in zip(back, outs))
+    # The raw bytes are all there is: no pickle, nothing to unpickle.
+    assert (tmp_path / "main-0.bin").stat().st_size == 15 * 4 + 7 * 2 + 1
+
+
+def test_a_transposed_output_is_written_in_its_logical_order(tmp_path):
+    out = torch.arange(12.0).reshape(3, 4).t()
+    _write(tmp_path, "t", [out])
+    [back] = OutputRecord(tmp_path, "t", 1 << 20).upload(Staging("cpu"))
+    assert torch.equal(back, out)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "x.json").write_text("{not json"), "is not JSON"),
+    (lambda d: (d / "x.json").write_text(json.dumps({"outs": "all of them"})), "does not list the outputs"),
+    (lambda d: (d / "x.json").write_text(json.dumps({"outs": [{"dtype": "os.system", "shape": [1]}]})),
+     "an output it cannot have"),
+    (lambda d: (d / "x.json").write_text(json.dumps({"outs": [{"dtype": "Tensor", "shape": [1]}]})),
+     "an output it cannot have"),
+    (lambda d: (d / "x.json").write_text(json.dumps({"outs": [{"dtype": "float32", "shape": [-1]}]})),
+     "an output it cannot have"),
+    (lambda d: (d / "x.json").write_text(json.dumps({"outs": [{"dtype": "float32", "shape": [1 << 30]}]})),
+     "more than they can be"),
+    (lambda d: (d / "x.json").write_text(" " * (transfer.RECORD_MAX_BYTES + 1)), "larger than"),
+    (lambda d: (d / "x.bin").write_bytes(b"\0" * 7), "holds 7 bytes, its record describes 8"),
+    (lambda d: ((d / "x.bin").unlink(), os.symlink("/etc/passwd", d / "x.bin")), "cannot be opened"),
+    (lambda d: ((d / "x.bin").unlink(), os.mkfifo(d / "x.bin")), "not a regular file"),
+    (lambda d: (d / "x.bin").unlink(), "cannot be opened"),
+])
+def test_a_damaged_output_file_is_refused_with_its_reason(tmp_path, damage, message):
+    _write(tmp_path, "x", [torch.ones(2)])
+    damage(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        OutputRecord(tmp_path, "x", max_bytes=1 << 20)
+
+
+@pytest.mark.gpu
+def test_staged_copies_keep_every_byte_across_chunks(monkeypatch):
+    """Sizes that are not a multiple of the chunk, so that both buffers and a short last chunk are used."""
+    monkeypatch.setattr(transfer, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setattr(transfer, "STREAM_MIN_BYTES", 0)
+    staging = Staging("cuda")
+    host = torch.randn(5 * (1 << 18) + 17)  # ~5 MiB of float32
+    on_device = staging.upload(host)
+    assert on_device.is_cuda and torch.equal(on_device.cpu(), host)
+    back = torch.empty(host.numel() * 4, dtype=torch.uint8)
+    staging.download(on_device * 2, back)
+    assert torch.equal(back.view(torch.float32), host * 2)
