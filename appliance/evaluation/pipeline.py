@@ -257,7 +257,8 @@ class Pipeline:
             task=task, wall=wall, turns=turns, resident_bytes=check_bytes), dirs["check"])
         try:
             # 2. The candidate, which sees its own file and the inputs, nothing else.
-            cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py")}
+            cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py"),
+                                  "output_bytes": _expected_output_files(common["seeds"], prepared["shapes"])}
             spec_path = dirs["candidate"] / "spec.json"
             spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
             run, cand = self._candidate(dirs, spec_path, cand_bytes, wall, turns, details)
@@ -610,6 +611,16 @@ def _outputs_tampered(outputs: Path, shapes: list[dict]) -> str | None:
         if entry.stat(follow_symlinks=False).st_size > limit:
             return f"the candidate's output file {entry.name!r} is larger than its outputs can be ({limit} bytes)"
     return None
+
+
+def _expected_output_files(seeds: list, shapes: list[dict]) -> dict[str, int]:
+    """The output files an honest candidate writes (sandbox/harness/transfer.py), and their sizes: it allocates
+    them ahead of time."""
+    files = {}
+    for shape in shapes:
+        size = _output_bytes(shape)
+        files |= {f"{shape['name']}-{seed}": size for seed in seeds} | {f"timed-{shape['name']}": size}
+    return files
 
 
 def _output_bytes(shape: dict) -> int:

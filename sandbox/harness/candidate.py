@@ -23,7 +23,7 @@ from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
 from sandbox.harness.timing import time_calls
-from sandbox.harness.transfer import Staging, create_output_file
+from sandbox.harness.transfer import Staging, create_output_file, preallocate_output_files
 
 
 class CandidateFailure(Exception):
@@ -128,6 +128,7 @@ def run(spec: dict) -> dict:
     #    the shared turn is lent back, so that it does not hold off other measurements.
     lend_turns_while_compiling()
     staging = Staging(device)
+    allocating = preallocate_output_files(Path(spec["outputs_dir"]), spec.get("output_bytes", {}))
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
     saved_sets = [(shape, seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",
                                            weights_only=True, mmap=True, map_location="cpu"))
@@ -192,6 +193,7 @@ def run(spec: dict) -> dict:
     # 4. Outputs written for the trusted check, then nothing of ours is left on the device: freed, and the gate told
     #    so, so that another evaluation may be admitted (sandbox/gate.py).
     del staged, timed_model, model, args
+    allocating.join()
     _save_outputs(to_save, Path(spec["outputs_dir"]), staging, sync)
     del to_save
     if device == "cuda":

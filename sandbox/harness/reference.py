@@ -331,7 +331,6 @@ def _stage_timed_case(spec: dict, files: _Files, task, shape: dict, expected: li
         record = files.output(shape["name"], f"timed-{shape['name']}")
         seed, rolls = record.extra.get("seed"), record.extra.get("rolls")
         if seed not in spec["seeds"] or type(rolls) is not int or rolls < 1:
-            record.close()
             raise ValueError(f"implausible record (seed {seed!r}, rolls {rolls!r})")
     except ValueError as exc:
         return case | {"kind": "timed_output_mismatch",

@@ -9,23 +9,27 @@ buffer at memcpy speed while the other buffer's DMA runs.
 Output files (written by the untrusted candidate, read by the trusted check): per call, NAME.bin holds its outputs'
 bytes back to back and NAME.json says their dtypes and shapes (for a timed call's, also its seed and rolls). The
 candidate maps NAME.bin and its downloads land in it directly: there is no serialisation step. The check opens the
-files without following links or blocking, checks them (regular, bounded, the size their record says) and reads
-the bytes with pread: the files are data, never unpickled.
+files without following links or blocking, checks them (regular, bounded, the size their record says) and maps
+the bytes read-only: the files are data, never unpickled.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import re
 import stat
+import threading
+import warnings
 from pathlib import Path
 
 CHUNK_BYTES = 64 << 20  # each of the two page-locked buffers
 STREAM_MIN_BYTES = 4 << 20  # smaller tensors are copied directly: their memcpy is short anyway
 RECORD_MAX_BYTES = 64 << 10  # NAME.json: dtypes and shapes of a few outputs
 MAX_OUTPUTS = 64
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map with the pages in place (Linux)
 
 
 class Staging:
@@ -48,31 +52,14 @@ class Staging:
             return value.to(self.device)
         out = torch.empty_like(value, device=self.device)
         src, dst = _as_bytes(value), _as_bytes(out)
-        self._stream_up(dst, lambda buf, off, k: buf[:k].copy_(src[off:off + k]))
-        return out
-
-    def upload_file(self, fd: int, offset: int, dtype, shape: list[int]):
-        """A tensor of `dtype` and `shape` read from the open file `fd` at `offset` (on the device, or the CPU)."""
-        import torch
-
-        out = torch.empty(shape, dtype=dtype, device=self.device)
-        dst = _as_bytes(out)
-        if self.device != "cuda":
-            _pread_into(fd, dst.numpy(), offset)
-            return out
-        self._stream_up(dst, lambda buf, off, k: _pread_into(fd, buf[:k].numpy(), offset + off))
-        return out
-
-    def _stream_up(self, dst, fill) -> None:
-        import torch
-
         for i, off in enumerate(range(0, dst.numel(), CHUNK_BYTES)):
             k = min(CHUNK_BYTES, dst.numel() - off)
             buf = self._buffer(i % 2)  # its previous DMA has finished
-            fill(buf, off, k)
+            buf[:k].copy_(src[off:off + k])
             dst[off:off + k].copy_(buf[:k], non_blocking=True)
             self._events[i % 2] = torch.cuda.Event()
             self._events[i % 2].record()
+        return out
 
     # -- downloads -------------------------------------------------------------------------------------------
     def download(self, value, dst) -> None:
@@ -122,50 +109,69 @@ def _as_bytes(t):
     return t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
 
 
-def _pread_into(fd: int, array, offset: int) -> None:
-    view = memoryview(array).cast("B")
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise ValueError(f"the file ended {len(view) - done} bytes early")
-        done += n
-
-
 # -- output files ------------------------------------------------------------------------------------------------
 
 def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def preallocate_output_files(outputs_dir: Path, sizes: dict[str, int]) -> threading.Thread:
+    """Allocate NAME.bin's pages for each expected NAME and size, in a thread: a tmpfs page costs its allocation
+    and zeroing on first use (~0.6 s per GiB on the H200's host), which the process can pay while it uploads,
+    compiles and waits for its turn rather than when it saves, holding its device memory. `create_output_file`
+    waits for the thread; where the outputs turn out to have other sizes, it resizes the file."""
+
+    def allocate() -> None:
+        for name, size in sizes.items():
+            fd = os.open(outputs_dir / f"{name}.bin", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if size:
+                    os.posix_fallocate(fd, 0, size)
+            except OSError:
+                pass  # no room, or a file system without it: the file is written the ordinary way
+            finally:
+                os.close(fd)
+
+    thread = threading.Thread(target=allocate, daemon=True)
+    thread.start()
+    return thread
+
+
 def create_output_file(outputs_dir: Path, name: str, outs: list, extra: dict | None = None):
-    """Write NAME.json for device tensors `outs` and create NAME.bin at its final size, mapped with its pages
-    allocated now (outside any turn: a first write into a fresh page costs a fault). Returns the mapping as a
-    host uint8 tensor for `Staging.download`, with each output's slice of it."""
+    """Write NAME.json for device tensors `outs`, bring NAME.bin to its final size and map it with its pages in
+    place (outside any turn: a first write into a fresh page costs a fault). Returns each output's slice of the
+    mapping, a host uint8 tensor for `Staging.download`."""
     import torch
 
     record = {"outs": [{"dtype": dtype_name(o.dtype), "shape": list(o.shape)} for o in outs]} | (extra or {})
     (outputs_dir / f"{name}.json").write_text(json.dumps(record))
     sizes = [_nbytes(o) for o in outs]
     total = sum(sizes)
-    fd = os.open(outputs_dir / f"{name}.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(outputs_dir / f"{name}.bin", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        os.ftruncate(fd, total)
+        if os.fstat(fd).st_size != total:
+            os.ftruncate(fd, total)
         if not total:
             return [torch.empty(0, dtype=torch.uint8) for _ in outs]
-        mapped = mmap.mmap(fd, total, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        mapped = mmap.mmap(fd, total, flags=mmap.MAP_SHARED | _POPULATE)
     finally:
         os.close(fd)  # the mapping stays valid
-    host = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps `mapped` alive as long as it is used
-    slices, off = [], 0
+    return _slices(torch.frombuffer(mapped, dtype=torch.uint8), sizes)  # the tensor keeps `mapped` alive
+
+
+def _slices(flat, sizes: list[int]) -> list:
+    out, off = [], 0
     for size in sizes:
-        slices.append(host[off:off + size])
+        out.append(flat[off:off + size])
         off += size
-    return slices
+    return out
 
 
 class OutputRecord:
-    """A candidate's output file pair, checked before anything is read. Raises ValueError saying what is wrong."""
+    """A candidate's output file pair, checked before anything is read: its record parsed and bounded, its data
+    file regular and of the size the record says, then mapped read-only with its pages in place (outside any turn).
+    Raises ValueError saying what is wrong. The candidate's jail has ended when the check reads (its processes
+    with it), so nothing can shrink the file under the mapping."""
 
     def __init__(self, outputs_dir: Path, name: str, max_bytes: int):
         import torch
@@ -178,7 +184,7 @@ class OutputRecord:
         outs = record.get("outs") if isinstance(record, dict) else None
         if not isinstance(outs, list) or len(outs) > MAX_OUTPUTS:
             raise ValueError(f"{name}.json does not list the outputs")
-        self.layout, total = [], 0
+        self.layout, self.sizes = [], []
         for o in outs:
             dtype = getattr(torch, o.get("dtype", ""), None) if isinstance(o, dict) and isinstance(
                 o.get("dtype"), str) and re.fullmatch(r"[a-z0-9_]+", o["dtype"]) else None
@@ -187,34 +193,41 @@ class OutputRecord:
                     type(s) is int and 0 <= s < 1 << 40 for s in shape):
                 raise ValueError(f"{name}.json describes an output it cannot have: {str(o)[:200]}")
             self.layout.append((dtype, shape))
-            numel = 1
-            for s in shape:
-                numel *= s
-            total += numel * dtype.itemsize
+            self.sizes.append(math.prod(shape) * dtype.itemsize)
+        total = sum(self.sizes)
         if total > max_bytes:
             raise ValueError(f"{name}.json describes {total} bytes of outputs, more than they can be ({max_bytes})")
         self.extra = {k: v for k, v in record.items() if k != "outs"}
-        self.fd = _open_regular(outputs_dir / f"{name}.bin")
-        size = os.fstat(self.fd).st_size
-        if size != total:
-            os.close(self.fd)
-            raise ValueError(f"{name}.bin holds {size} bytes, its record describes {total}")
+        fd = _open_regular(outputs_dir / f"{name}.bin")
+        try:
+            size = os.fstat(fd).st_size
+            if size != total:
+                raise ValueError(f"{name}.bin holds {size} bytes, its record describes {total}")
+            self._mapped = mmap.mmap(fd, total, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ) \
+                if total else None
+        finally:
+            os.close(fd)
 
     def upload(self, staging: Staging) -> list:
-        """The outputs as tensors on the staging's device (inside a turn on a GPU); the file is closed after."""
-        outs, off = [], 0
-        try:
-            for dtype, shape in self.layout:
-                outs.append(staging.upload_file(self.fd, off, dtype, shape))
-                off += _nbytes(outs[-1])
-        finally:
-            self.close()
-        return outs
+        """The outputs as tensors on the staging's device (inside a turn on a GPU; on the CPU, copies)."""
+        import torch
 
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self._mapped is None:
+            return [torch.empty(shape, dtype=dtype) for dtype, shape in self.layout]
+        with warnings.catch_warnings():  # read-only memory: what is made of it here is only read, or copied
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            flat = torch.frombuffer(self._mapped, dtype=torch.uint8)
+        outs = []
+        for (dtype, shape), part in zip(self.layout, _slices(flat, self.sizes)):
+            if not part.numel():
+                host = torch.empty(shape, dtype=dtype)
+            else:
+                try:
+                    host = part.view(dtype).reshape(shape)
+                except RuntimeError:  # misaligned for dtype after an odd-sized output: an aligned copy
+                    host = part.clone().view(dtype).reshape(shape)
+            outs.append(staging.upload(host) if staging.device == "cuda" else host.clone())
+        return outs
 
 
 def _open_regular(path: Path) -> int:

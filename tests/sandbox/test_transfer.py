@@ -16,7 +16,9 @@ def _write(tmp_path, name, outs, extra=None):
 
 
 def test_outputs_round_trip_through_their_files(tmp_path):
-    outs = [torch.randn(3, 5), torch.arange(7, dtype=torch.int16), torch.tensor(True), torch.empty(0, 4)]
+    # A float64 after 75 bytes of others: mapped at an offset it cannot be viewed at, so it is copied aligned.
+    outs = [torch.randn(3, 5), torch.arange(7, dtype=torch.int16), torch.tensor(True),
+            torch.randn(2, dtype=torch.float64), torch.empty(0, 4)]
     _write(tmp_path, "main-0", outs, {"seed": 0, "rolls": 3})
     record = OutputRecord(tmp_path, "main-0", max_bytes=1 << 20)
     assert record.extra == {"seed": 0, "rolls": 3}
@@ -24,7 +26,18 @@ def test_outputs_round_trip_through_their_files(tmp_path):
     assert [(b.dtype, b.shape) for b in back] == [(o.dtype, o.shape) for o in outs]
     assert all(torch.equal(b, o) for b, o in zip(back, outs))
     # The raw bytes are all there is: no pickle, nothing to unpickle.
-    assert (tmp_path / "main-0.bin").stat().st_size == 15 * 4 + 7 * 2 + 1
+    assert (tmp_path / "main-0.bin").stat().st_size == 15 * 4 + 7 * 2 + 1 + 2 * 8
+
+
+def test_preallocated_files_are_resized_to_the_outputs_they_get(tmp_path):
+    """The expected sizes are allocated ahead; outputs of another size (a wrong shape) still round-trip."""
+    transfer.preallocate_output_files(tmp_path, {"a": 64, "b": 1 << 16}).join()
+    assert (tmp_path / "b.bin").stat().st_size == 1 << 16
+    _write(tmp_path, "a", [torch.ones(16)])  # as expected
+    _write(tmp_path, "b", [torch.ones(3)])  # smaller than expected
+    for name, n in (("a", 16), ("b", 3)):
+        [back] = OutputRecord(tmp_path, name, 1 << 20).upload(Staging("cpu"))
+        assert torch.equal(back, torch.ones(n))
 
 
 def test_a_transposed_output_is_written_in_its_logical_order(tmp_path):
