@@ -10,7 +10,7 @@ overlap freely. GPU work comes in two kinds, and a `DeviceGate` (a readers-write
     check, downloading outputs): a shared turn, any number at once, never during an exclusive one. Correctness is
     the same whatever else runs beside it. A waiting exclusive turn waits for every shared one in progress to
     end, so the exclusive turns and the shared ones they wait out bound a device's evaluations per hour: the
-    harness keeps shared turns short (host data page-locked before the turn, gigabytes a turn at a time).
+    harness keeps shared turns short (host data streamed through page-locked chunks, sandbox/harness/transfer.py).
 
 Device memory is held from a process's first upload to its last download, across turns: a full-size evaluation
 holds several GiB for most of its GPU life. So a process is *resident* from its first turn request until it says its

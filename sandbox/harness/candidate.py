@@ -2,8 +2,9 @@
 
     python -m sandbox.harness.candidate SPEC
 
-It sees only its own file and its inputs (never the task or the reference outputs). Outputs are saved as
-tensors for the trusted check process; failures are written as data with the stage they happened in.
+It sees only its own file and its inputs (never the task or the reference outputs). Its outputs are written as raw
+output files (sandbox/harness/transfer.py) for the trusted check process; failures are written as data with the
+stage they happened in.
 """
 
 from __future__ import annotations

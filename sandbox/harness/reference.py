@@ -199,8 +199,9 @@ def _time_baselines(spec: dict, names: list[str], model, input_sets: list, devic
 def check(spec: dict) -> dict:
     """Recompute the reference in float64 from the saved inputs and compare the candidate's saved outputs.
     Started beside the candidate (with `go_file`): it loads the task, then waits until the controller says go (the
-    outputs are vetted) or stop. Each case is read into page-locked memory first, then uploaded, recomputed and
-    compared in a shared turn (sandbox/gate.py), small cases together: between turns, waiting measurements go ahead."""
+    outputs are vetted) or stop. Each case's files are opened and checked first, then its tensors uploaded,
+    recomputed and compared in a shared turn (sandbox/gate.py), several cases a turn: between turns, waiting
+    measurements go ahead."""
     t_start = time.perf_counter()
     task = _load_task(spec)
     t_ready = time.perf_counter()
