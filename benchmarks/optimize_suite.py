@@ -90,7 +90,28 @@ def where_time_went(details: list[dict], host_busy: float | None) -> str:
             f"(CPU {median([c.get('check') for c in cpu])}), device held {median([t.get('held_s') for t in turns])}, "
             f"waited for turns {median([t.get('wait_s') for t in turns])}, for memory "
             f"{median([t.get('resident_wait_s') for t in turns])}; at most {most + 1} resident at once; host CPUs "
-            f"{fmt(host_busy, '.0%')} busy over the run ({len(os.sched_getaffinity(0))} cores)")
+            f"{fmt(host_busy, '.0%')} busy over the run ({len(os.sched_getaffinity(0))} cores)"
+            + device_states(details))
+
+
+def device_states(details: list[dict]) -> str:
+    """How each evaluation GPU's time went between the run's first and last checked evaluation (the gate's
+    cumulative seconds per state, sandbox/gate.py DeviceGate.occupancy): the share measuring, in shared turns, in
+    shared turns that a measurement waits out, and idle."""
+    by_gpu: dict = {}
+    for d in details:  # in the order they were recorded
+        if isinstance(d.get("device_gate"), dict):
+            by_gpu.setdefault(d.get("gpu_index"), []).append(d["device_gate"])
+    parts = []
+    for gpu, snapshots in sorted(by_gpu.items(), key=lambda item: str(item[0])):
+        first, last = snapshots[0], snapshots[-1]
+        spent = {k: last.get(k, 0.0) - first.get(k, 0.0) for k in last}
+        total = sum(spent.values())
+        if len(snapshots) < 2 or total <= 0:
+            continue
+        shares = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1]))
+        parts.append(f"gpu {gpu}: {shares} of {total:.0f} s")
+    return ("; device states: " + "; ".join(parts)) if parts else ""
 
 
 def cpu_ticks() -> tuple[int, int] | None:

@@ -89,6 +89,9 @@ class DeviceGate:
     _exclusive_waiting: int = field(default=0, repr=False)
     _residents: dict = field(default_factory=dict, repr=False)  # TurnRecord -> bytes (None: the whole device)
     _arrivals: deque = field(default_factory=deque, repr=False)  # records waiting for admission, in order
+    _shared_waiting: int = field(default=0, repr=False)
+    _state_s: dict = field(default_factory=dict, repr=False)  # seconds the device spent in each state (occupancy)
+    _state_since: float = field(default_factory=time.monotonic, repr=False)
 
     def _millijoules(self) -> int | None:
         return self.energy_meter.millijoules() if self.energy_meter is not None else None
@@ -138,12 +141,18 @@ class DeviceGate:
         t0 = time.monotonic()
         with self._cond:
             if exclusive:
+                self._account()
                 self._exclusive_waiting += 1
                 self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+                self._account()
                 self._exclusive_waiting -= 1
                 self._exclusive = True
             else:
+                self._account()
+                self._shared_waiting += 1
                 self._cond.wait_for(lambda: not self._exclusive and (ahead or self._exclusive_waiting == 0))
+                self._account()
+                self._shared_waiting -= 1
                 self._shared += 1
         now = time.monotonic()
         record.turns += 1
@@ -160,11 +169,36 @@ class DeviceGate:
         else:
             record.shared_s += time.monotonic() - started
         with self._cond:
+            self._account()
             if exclusive:
                 self._exclusive = False
             else:
                 self._shared -= 1
             self._cond.notify_all()
+
+    def _account(self) -> None:
+        """Add the time since the last change to the state the device was in (called, under the lock, before
+        every change of who holds or waits for a turn)."""
+        now = time.monotonic()
+        state = self._state()
+        self._state_s[state] = self._state_s.get(state, 0.0) + now - self._state_since
+        self._state_since = now
+
+    def _state(self) -> str:
+        if self._exclusive:
+            return "measuring"
+        if self._shared:
+            return "shared, a measurement waiting" if self._exclusive_waiting else "shared"
+        return "idle, turns asked for" if self._exclusive_waiting or self._shared_waiting else "idle"
+
+    def occupancy(self) -> dict[str, float]:
+        """Seconds since the gate was made, per state of the device: "measuring" (an exclusive turn), "shared"
+        (shared turns only), "shared, a measurement waiting" (what a measurement waits out), "idle, turns asked for"
+        (a moment between a release and the next grant), "idle". What bounds a device's evaluations per hour:
+        with "idle" near zero, the turns themselves do."""
+        with self._cond:
+            self._account()
+            return {k: round(v, 3) for k, v in self._state_s.items()}
 
     def idle(self) -> bool:
         with self._cond:

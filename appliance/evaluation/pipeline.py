@@ -294,6 +294,7 @@ class Pipeline:
         details["cases"] = checked["cases"]
         details["stage_s"]["check"] = checked.get("stage_s")
         details["device_turns"] = _sum_turns(turns)
+        details["device_gate"] = self.gate.occupancy()  # the device's states so far (benchmarks read the change)
         bad = [c for c in checked["cases"] if c["kind"] != "pass"]
         if bad:
             return Outcome(**base | dict(verdict=bad[0]["kind"], stage="correctness", reason=bad[0]["reason"]),

@@ -348,3 +348,31 @@ def test_waiting_for_admission_does_not_count_against_the_process_timeout(tmp_pa
                      timeout_s=5)
     assert not run.timed_out and run.returncode == 0, (run.stderr, run.turns)
     assert run.turns["resident_wait_s"] > 1, run.turns  # it waited, and the wait was not held against it
+
+
+def test_occupancy_accounts_for_each_state_of_the_device():
+    """A shared turn held while a measurement waits, then the measurement: the gate's seconds per state say so,
+    and they add up to the time since the gate was made."""
+    from sandbox.gate import TurnRecord
+
+    t0 = time.monotonic()
+    gate = DeviceGate()
+    reader, writer = TurnRecord(), TurnRecord()
+    shared = gate.acquire(reader, exclusive=False)
+
+    def measure() -> None:
+        held = gate.acquire(writer, exclusive=True)
+        time.sleep(0.1)
+        gate.release(writer, held)
+
+    thread = threading.Thread(target=measure)
+    thread.start()
+    while not gate._exclusive_waiting:  # the measurement is now waiting for the shared turn
+        time.sleep(0.001)
+    time.sleep(0.2)
+    gate.release(reader, shared)
+    thread.join()
+    states = gate.occupancy()
+    assert states["shared, a measurement waiting"] >= 0.2 and states["measuring"] >= 0.1, states
+    assert set(states) <= {"measuring", "shared", "shared, a measurement waiting", "idle, turns asked for", "idle"}
+    assert sum(states.values()) == pytest.approx(time.monotonic() - t0, abs=0.05)
