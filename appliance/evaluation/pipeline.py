@@ -31,7 +31,7 @@ from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
 from appliance.tasks import RebuiltTasks, Task
 from sandbox.gate import DeviceGate
-from sandbox.harness.transfer import RECORD_MAX_BYTES
+from sandbox.harness.transfer import RECORD_MAX_BYTES, output_file_limit
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
@@ -608,7 +608,7 @@ def _outputs_tampered(outputs: Path, shapes: list[dict]) -> str | None:
         if not entry.is_file(follow_symlinks=False) or not dot or suffix not in ("bin", "json"):
             return f"the candidate left {entry.name!r} in its outputs, which is not a regular .bin or .json file"
         shape = stem.removeprefix("timed-") if stem.startswith("timed-") else stem.rsplit("-", 1)[0]
-        limit = 2 * expected.get(shape, 0) + (1 << 20) if suffix == "bin" else RECORD_MAX_BYTES
+        limit = output_file_limit(expected.get(shape, 0)) if suffix == "bin" else RECORD_MAX_BYTES
         if entry.stat(follow_symlinks=False).st_size > limit:
             return f"the candidate's output file {entry.name!r} is larger than its outputs can be ({limit} bytes)"
     return None

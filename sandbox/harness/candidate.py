@@ -148,10 +148,12 @@ def run(spec: dict) -> dict:
                 except BaseException as exc:  # noqa: BLE001
                     raise _failure(exc, "load", "in ModelNew(*init_inputs)", path) from None
                 sets = sets_by_shape[shape["name"]]
+                uploaded = [staging.upload(a) for a in saved["args"]]  # CPU: the saved tensors themselves
                 if not sets:
-                    _first_call(model, saved["args"], shape, device, sync, path, staging)
+                    _first_call(model, uploaded, shape, device, sync, path)
                     _check_untampered(watch, "correctness", f"in the first call at shape {shape['name']}")
-                sets.append((seed, model, to_device(saved["args"], device, shape["layout"], staging.upload)))
+                sets.append((seed, model, to_device(uploaded, device, shape["layout"])))
+                del uploaded
             sync()
         del batch, saved
         stages.done("compile")  # models built, inputs uploaded, the first call (where kernels compile) made
@@ -211,25 +213,24 @@ def _save_outputs(to_save: list, outputs_dir: Path, staging: Staging, sync) -> N
     files are created and mapped outside any turn, then the outputs downloaded straight into them, a batch of
     files per shared turn, each batch's device copies let go once it is down."""
     files = [(outs, create_output_file(outputs_dir, name, outs, extra)) for name, outs, extra in to_save]
-    to_save.clear()  # the device copies are now referenced by `files` alone
-    for batch in turn_batches(files, lambda item: tensor_bytes(item[0])):
+    batches = turn_batches(files, lambda item: tensor_bytes(item[0]))
+    to_save.clear()
+    files.clear()  # the device copies are now referenced by their batch alone
+    for batch in batches:
         with device_turn(shared=True):
             for outs, host in batch:
                 for o, dst in zip(outs, host):
                     staging.download(o, dst)
             sync()
         batch.clear()
-    files.clear()
 
 
-def _first_call(model, saved_args: list, shape: dict, device: str, sync, path: str, staging: Staging) -> None:
-    """Compile and warm up on a copy of the inputs: whatever the call does to them, the correctness calls
-    still see the inputs as saved."""
+def _first_call(model, args: list, shape: dict, device: str, sync, path: str) -> None:
+    """Compile and warm up on a copy of the (uploaded) inputs, made on the device: whatever the call does to them,
+    the correctness calls still see the inputs as saved."""
     import torch
 
-    # On a GPU the upload is the copy; on the CPU "to" the device returns the saved (memory-mapped) tensor itself.
-    copy = to_device([a.clone() if isinstance(a, torch.Tensor) and device == "cpu" else a for a in saved_args],
-                     device, shape["layout"], staging.upload)
+    copy = to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in args], device, shape["layout"])
     try:
         with torch.no_grad():
             outs = as_outputs(model(*copy)) or []

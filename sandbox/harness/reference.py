@@ -23,7 +23,7 @@ from sandbox.harness.common import (as_outputs, cast_floating, cpu_seconds, devi
                                     write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
-from sandbox.harness.transfer import OutputRecord, Staging
+from sandbox.harness.transfer import OutputRecord, Staging, output_file_limit
 
 
 class TaskFault(Exception):
@@ -241,7 +241,7 @@ class _Files:
 
     def __init__(self, spec: dict):
         self.spec, self.staging, self._inputs = spec, Staging(spec["device"]), {}
-        self.outputs_max = {s["name"]: 2 * _outputs_nbytes(s["outputs"]) + (1 << 20) for s in spec["prepared_shapes"]}
+        self.outputs_max = {s["name"]: output_file_limit(_outputs_nbytes(s["outputs"])) for s in spec["prepared_shapes"]}
 
     def inputs(self, shape: str, seed: int) -> dict:
         import torch

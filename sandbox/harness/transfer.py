@@ -15,6 +15,7 @@ the bytes read-only: the files are data, never unpickled.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import mmap
@@ -111,6 +112,12 @@ def _as_bytes(t):
 
 # -- output files ------------------------------------------------------------------------------------------------
 
+def output_file_limit(expected_bytes: int) -> int:
+    """The most bytes a call's output file may hold, given what its outputs should take: room for outputs of a wrong
+    shape, so that they are reported as such, and not for a candidate that would exhaust the check's memory."""
+    return 2 * expected_bytes + (1 << 20)
+
+
 def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -153,6 +160,12 @@ def create_output_file(outputs_dir: Path, name: str, outs: list, extra: dict | N
             os.ftruncate(fd, total)
         if not total:
             return [torch.empty(0, dtype=torch.uint8) for _ in outs]
+        try:  # every page allocated before it is mapped (quick where preallocate_output_files did it)
+            os.posix_fallocate(fd, 0, total)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # writing into the mapping would die of SIGBUS instead
+                raise OSError(exc.errno, f"no space for {total} bytes of outputs in {outputs_dir}") from None
+            # a file system without fallocate: the pages are allocated as the download writes them
         mapped = mmap.mmap(fd, total, flags=mmap.MAP_SHARED | _POPULATE)
     finally:
         os.close(fd)  # the mapping stays valid
