@@ -31,14 +31,13 @@ from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
 from appliance.tasks import RebuiltTasks, Task
 from sandbox.gate import DeviceGate
-from sandbox.harness.transfer import RECORD_MAX_BYTES, output_file_limit
+from sandbox.harness.transfer import DTYPE_BYTES, RECORD_MAX_BYTES, output_file_limit
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
 MEMORY_BUDGET_FRACTION = 0.9  # of the GPU's memory: what the evaluations in flight may hold at once (sandbox/gate.py)
 PROCESS_ALLOWANCE_BYTES = 1 << 30  # device memory of one process beyond its tensors: CUDA context, allocator slack
 CHECK_COMPARE_BYTES = 1 << 30  # the comparison's float64 temporaries (sandbox/harness/compare.py: chunks of 16 M)
-DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass

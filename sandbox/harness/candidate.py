@@ -231,6 +231,7 @@ def _first_call(model, args: list, shape: dict, device: str, sync, path: str) ->
     import torch
 
     copy = to_device([a.clone() if isinstance(a, torch.Tensor) else a for a in args], device, shape["layout"])
+    sync()  # the uploads and the copy are done before forward runs, whichever stream it uses
     try:
         with torch.no_grad():
             outs = as_outputs(model(*copy)) or []

@@ -315,7 +315,10 @@ def _stage_case(spec: dict, files: _Files, task, shape: dict, seed: int, expecte
         with torch.no_grad():
             refs = as_outputs(_task_call("float64 reference", spec, model, *args))
         del args, model
-        failure = compare_outputs(record.upload(files.staging), refs, expected, spec["tolerances"], where)
+        outs = _candidate_outputs(record, files.staging)
+        if isinstance(outs, str):
+            return case | {"kind": "wrong_output", "reason": f"unreadable candidate output {where}: {outs}"}
+        failure = compare_outputs(outs, refs, expected, spec["tolerances"], where)
         return case | (failure or {"kind": "pass", "reason": ""})
 
     return on_device
@@ -331,7 +334,7 @@ def _stage_timed_case(spec: dict, files: _Files, task, shape: dict, expected: li
     try:  # written by untrusted code: anything may be wrong with it
         record = files.output(shape["name"], f"timed-{shape['name']}")
         seed, rolls = record.extra.get("seed"), record.extra.get("rolls")
-        if seed not in spec["seeds"] or type(rolls) is not int or rolls < 1:
+        if type(seed) is not int or seed not in spec["seeds"] or type(rolls) is not int or not 1 <= rolls < 1 << 31:
             raise ValueError(f"implausible record (seed {seed!r}, rolls {rolls!r})")
     except ValueError as exc:
         return case | {"kind": "timed_output_mismatch",
@@ -357,13 +360,29 @@ def _stage_timed_case(spec: dict, files: _Files, task, shape: dict, expected: li
         with torch.no_grad():
             refs = as_outputs(_task_call("float64 reference", spec, model, *args))
         del args, model
-        failure = compare_outputs(record.upload(files.staging), refs, expected, spec["tolerances"], where)
+        outs = _candidate_outputs(record, files.staging)
+        failure = ({"kind": "wrong_output", "reason": f"unreadable output: {outs}"} if isinstance(outs, str)
+                   else compare_outputs(outs, refs, expected, spec["tolerances"], where))
         if failure:
             failure = {"kind": "timed_output_mismatch", "reason": f"{failure['kind']}: {failure['reason']} (the "
                        "outputs of timed calls must be as correct as those of the correctness calls)"}
         return case | (failure or {"kind": "pass", "reason": ""})
 
     return on_device
+
+
+def _candidate_outputs(record: OutputRecord, staging: Staging):
+    """The candidate's outputs on the device, or what went wrong as text: the record was checked, but its data is
+    the candidate's, and whatever it makes fail here must be the candidate's verdict, not the check's crash (which
+    would count as the infrastructure's). Running out of device memory is not the candidate's: it propagates."""
+    import torch
+
+    try:
+        return record.upload(staging)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _sizes_text(sizes: dict) -> str:

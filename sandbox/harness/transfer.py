@@ -20,7 +20,6 @@ import json
 import math
 import mmap
 import os
-import re
 import stat
 import threading
 import warnings
@@ -30,6 +29,12 @@ CHUNK_BYTES = 64 << 20  # each of the two page-locked buffers
 STREAM_MIN_BYTES = 4 << 20  # smaller tensors are copied directly: their memcpy is short anyway
 RECORD_MAX_BYTES = 64 << 10  # NAME.json: dtypes and shapes of a few outputs
 MAX_OUTPUTS = 64
+MAX_DIMS = 16
+# The dtypes an output file may hold, and their bytes (for the controller, which does not import torch): those
+# tensors are computed in, not quantized or sub-byte ones (which cannot even be copied), so that a record naming
+# an odd one is refused as such instead of failing the check later.
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+               "complex128": 16, "complex64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map with the pages in place (Linux)
 
 
@@ -130,7 +135,10 @@ def preallocate_output_files(outputs_dir: Path, sizes: dict[str, int]) -> thread
 
     def allocate() -> None:
         for name, size in sizes.items():
-            fd = os.open(outputs_dir / f"{name}.bin", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(outputs_dir / f"{name}.bin", os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:
+                continue  # something else in its place: create_output_file reports it
             try:
                 if size:
                     os.posix_fallocate(fd, 0, size)
@@ -192,18 +200,18 @@ class OutputRecord:
         text = _read_small(outputs_dir / f"{name}.json", RECORD_MAX_BYTES)
         try:
             record = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{name}.json is not JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested thousands deep
+            raise ValueError(f"{name}.json is not JSON: {type(exc).__name__}") from None
         outs = record.get("outs") if isinstance(record, dict) else None
         if not isinstance(outs, list) or len(outs) > MAX_OUTPUTS:
             raise ValueError(f"{name}.json does not list the outputs")
         self.layout, self.sizes = [], []
         for o in outs:
-            dtype = getattr(torch, o.get("dtype", ""), None) if isinstance(o, dict) and isinstance(
-                o.get("dtype"), str) and re.fullmatch(r"[a-z0-9_]+", o["dtype"]) else None
+            named = o.get("dtype") if isinstance(o, dict) else None
+            dtype = getattr(torch, named, None) if isinstance(named, str) and named in DTYPE_BYTES else None
             shape = o.get("shape") if isinstance(o, dict) else None
-            if not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or not all(
-                    type(s) is int and 0 <= s < 1 << 40 for s in shape):
+            if not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
+                    type(s) is int and 0 <= s < 1 << 40 for s in shape) or math.prod(max(s, 1) for s in shape) >= 1 << 48:
                 raise ValueError(f"{name}.json describes an output it cannot have: {str(o)[:200]}")
             self.layout.append((dtype, shape))
             self.sizes.append(math.prod(shape) * dtype.itemsize)
@@ -232,14 +240,11 @@ class OutputRecord:
             flat = torch.frombuffer(self._mapped, dtype=torch.uint8)
         outs = []
         for (dtype, shape), part in zip(self.layout, _slices(flat, self.sizes)):
-            if not part.numel():
-                host = torch.empty(shape, dtype=dtype)
-            else:
-                try:
-                    host = part.view(dtype).reshape(shape)
-                except RuntimeError:  # misaligned for dtype after an odd-sized output: an aligned copy
-                    host = part.clone().view(dtype).reshape(shape)
-            outs.append(staging.upload(host) if staging.device == "cuda" else host.clone())
+            # The bytes are copied first (to the device, or on the CPU) and viewed as `dtype` there: the copy is
+            # aligned, where the file's bytes for an output after an odd-sized one need not be.
+            raw = staging.upload(part) if staging.device == "cuda" else part.clone()
+            outs.append(raw.view(dtype).reshape(shape) if raw.numel() else torch.empty(shape, dtype=dtype,
+                                                                                         device=raw.device))
         return outs
 
 

@@ -23,6 +23,7 @@ CASES = {
     "fallback_token_kernel": ("library_fallback", "correctness", ["reference's own library ops", "_softmax"]),
     "torch_composite": ("library_fallback", "correctness", ["no kernel of its own", "exp"]),
     "stuffs_outputs": ("tampering", "correctness", ["junk.bin", "larger than its outputs can be"]),
+    "forges_output_record": ("wrong_output", "correctness", ["unreadable candidate output", "is not JSON"]),
     "deferred_thread": ("deferred_work", "correctness", ["changed after forward returned"]),
     "imports_reference": ("load_error", "load", ["no reference task.py visible"]),
 }

@@ -83,3 +83,19 @@ def test_staged_copies_keep_every_byte_across_chunks(monkeypatch):
     back = torch.empty(host.numel() * 4, dtype=torch.uint8)
     staging.download(on_device * 2, back)
     assert torch.equal(back.view(torch.float32), host * 2)
+
+
+@pytest.mark.parametrize("record, message", [
+    ("[" * 60000, "is not JSON"),  # nested too deep for the parser: refused, not a crash
+    (json.dumps({"outs": [{"dtype": "qint8", "shape": [1]}]}), "an output it cannot have"),
+    (json.dumps({"outs": [{"dtype": "uint3", "shape": [1]}]}), "an output it cannot have"),
+    (json.dumps({"outs": [{"dtype": ["float32"], "shape": [1]}]}), "an output it cannot have"),
+    (json.dumps({"outs": [{"dtype": "float32", "shape": [0] + [(1 << 40) - 1] * 4}]}), "an output it cannot have"),
+    (json.dumps({"outs": [{"dtype": "float32", "shape": [1] * 17}]}), "an output it cannot have"),
+    (json.dumps({"outs": [{"dtype": "float32", "shape": [True]}]}), "an output it cannot have"),
+])
+def test_a_record_the_check_could_not_use_is_refused_before_anything_is_read(tmp_path, record, message):
+    (tmp_path / "x.json").write_text(record)
+    (tmp_path / "x.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=message):
+        OutputRecord(tmp_path, "x", max_bytes=1 << 20)
