@@ -31,7 +31,7 @@ from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
 from appliance.tasks import RebuiltTasks, Task
 from sandbox.gate import DeviceGate
-from sandbox.harness.transfer import DTYPE_BYTES, RECORD_MAX_BYTES, output_file_limit
+from sandbox.harness.transfer import DTYPE_BYTES, RECORD_MAX_BYTES, output_file_limit, output_name
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
@@ -619,7 +619,7 @@ def _expected_output_files(seeds: list, shapes: list[dict]) -> dict[str, int]:
     files = {}
     for shape in shapes:
         size = _output_bytes(shape)
-        files |= {f"{shape['name']}-{seed}": size for seed in seeds} | {f"timed-{shape['name']}": size}
+        files |= {output_name(shape["name"], seed): size for seed in seeds} | {output_name(shape["name"]): size}
     return files
 
 

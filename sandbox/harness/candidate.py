@@ -24,7 +24,7 @@ from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
 from sandbox.harness.timing import time_calls
-from sandbox.harness.transfer import Staging, create_output_file, preallocate_output_files
+from sandbox.harness.transfer import Staging, create_output_file, output_name, preallocate_output_files
 
 
 class CandidateFailure(Exception):
@@ -170,7 +170,7 @@ def run(spec: dict) -> dict:
         for shape, sets in staged:
             for seed, model, args in sets:
                 outs = _correctness_call(model, args, shape, seed, watch, launches, provenance, sync, path, stages)
-                to_save.append((f"{shape['name']}-{seed}", outs, {}))
+                to_save.append((output_name(shape["name"], seed), outs, {}))
                 del outs
 
     # 3. With the device to itself: the timing loop.
@@ -188,7 +188,7 @@ def run(spec: dict) -> dict:
             _check_untampered(watch, "timing", f"while timing shape {shape['name']}")
             # One random timed call's output, for the trusted check (which rebuilds its inputs from set and rolls).
             spot_outs = [o for o in as_outputs(spot["outs"]) or [] if isinstance(o, torch.Tensor)]
-            to_save.append((f"timed-{shape['name']}", spot_outs,
+            to_save.append((output_name(shape["name"]), spot_outs,
                             {"seed": spec["seeds"][spot["set"]], "rolls": spot["rolls"]}))
             del input_sets, sets[:], spot, spot_outs
             stages.done("timing")

@@ -23,7 +23,7 @@ from sandbox.harness.common import (as_outputs, cast_floating, cpu_seconds, devi
                                     write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
-from sandbox.harness.transfer import OutputRecord, Staging, output_file_limit
+from sandbox.harness.transfer import OutputRecord, Staging, output_file_limit, output_name
 
 
 class TaskFault(Exception):
@@ -302,7 +302,7 @@ def _stage_case(spec: dict, files: _Files, task, shape: dict, seed: int, expecte
     where = f"at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed}"
     saved = files.inputs(shape["name"], seed)
     try:
-        record = files.output(shape["name"], f"{shape['name']}-{seed}")
+        record = files.output(shape["name"], output_name(shape["name"], seed))
     except ValueError as exc:
         return case | {"kind": "wrong_output", "reason": f"unreadable candidate output {where}: {exc}"}
 
@@ -332,7 +332,7 @@ def _stage_timed_case(spec: dict, files: _Files, task, shape: dict, expected: li
 
     case = {"shape": shape["name"], "seed": "timed"}
     try:  # written by untrusted code: anything may be wrong with it
-        record = files.output(shape["name"], f"timed-{shape['name']}")
+        record = files.output(shape["name"], output_name(shape["name"]))
         seed, rolls = record.extra.get("seed"), record.extra.get("rolls")
         if type(seed) is not int or seed not in spec["seeds"] or type(rolls) is not int or not 1 <= rolls < 1 << 31:
             raise ValueError(f"implausible record (seed {seed!r}, rolls {rolls!r})")

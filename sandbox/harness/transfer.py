@@ -123,6 +123,12 @@ def output_file_limit(expected_bytes: int) -> int:
     return 2 * expected_bytes + (1 << 20)
 
 
+def output_name(shape: str, seed: int | None = None) -> str:
+    """The output file pair of a correctness call at `shape` and `seed`, or (no seed) of the timed call's spot check:
+    the candidate writes, the controller preallocates and the check reads by this one name."""
+    return f"timed-{shape}" if seed is None else f"{shape}-{seed}"
+
+
 def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
