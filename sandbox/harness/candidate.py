@@ -136,6 +136,10 @@ def run(spec: dict) -> dict:
                   for shape in spec["shapes"] for seed in spec["seeds"]]
     sets_by_shape: dict[str, list] = {shape["name"]: [] for shape in spec["shapes"]}
     stages.done("read_inputs")
+    for _, _, saved in saved_sets:  # the mapped files' pages locked in place now, so the uploads are DMAs alone
+        for a in saved["args"]:
+            staging.pin(a)
+    stages.done("pin_inputs")
     for batch in turn_batches(saved_sets, lambda item: tensor_bytes(item[2]["args"])):
         with device_turn(shared=True):
             stages.done("wait_for_device")
@@ -158,6 +162,7 @@ def run(spec: dict) -> dict:
         del batch, saved
         stages.done("compile")  # models built, inputs uploaded, the first call (where kernels compile) made
     staged = [(shape, sets_by_shape[shape["name"]]) for shape in spec["shapes"]]
+    staging.unpin()  # every upload done (each batch synchronised), before the mappings go
     del saved_sets
 
     # 2. The correctness calls, in a shared turn: they measure nothing, so other evaluations' light use (uploads,
@@ -213,6 +218,9 @@ def _save_outputs(to_save: list, outputs_dir: Path, staging: Staging, sync) -> N
     files are created and mapped outside any turn, then the outputs downloaded straight into them, a batch of
     files per shared turn, each batch's device copies let go once it is down."""
     files = [(outs, create_output_file(outputs_dir, name, outs, extra)) for name, outs, extra in to_save]
+    for _, host in files:  # the files' pages locked in place: the downloads are DMAs alone
+        for dst in host:
+            staging.pin(dst, read_only=False)
     batches = turn_batches(files, lambda item: tensor_bytes(item[0]))
     to_save.clear()
     files.clear()  # the device copies are now referenced by their batch alone
@@ -223,6 +231,7 @@ def _save_outputs(to_save: list, outputs_dir: Path, staging: Staging, sync) -> N
                     staging.download(o, dst)
             sync()
         batch.clear()
+    staging.unpin()
 
 
 def _first_call(model, args: list, shape: dict, device: str, sync, path: str) -> None:

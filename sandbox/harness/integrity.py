@@ -38,6 +38,7 @@ def _watched() -> dict[str, object]:
         "torch.frombuffer": (torch, "frombuffer"), "transfer.create_output_file": (transfer, "create_output_file"),
         "transfer.Staging.download": (transfer.Staging, "download"), "transfer.Staging._drain": (transfer.Staging, "_drain"),
         "transfer.Staging.upload": (transfer.Staging, "upload"),
+        "transfer.Staging._direct": (transfer.Staging, "_direct"),
     }
     return {name: getattr(owner, attr, None) for name, (owner, attr) in items.items()}
 

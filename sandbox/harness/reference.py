@@ -258,6 +258,12 @@ class _Files:
     def upload(self, values: list, layout: str) -> list:
         return to_device(values, self.spec["device"], layout, self.staging.upload)
 
+    def pin(self, values: list, record: OutputRecord) -> None:
+        """A case's inputs and outputs page-locked in place before its turn (transfer.Staging.pin)."""
+        for v in values:
+            self.staging.pin(v)
+        record.pin(self.staging)
+
 
 def _check(spec: dict, files: _Files, task, stages: dict) -> dict:
     """Cases are checked a batch at a time (up to a few GiB of inputs and outputs: all small shapes together), each
@@ -281,6 +287,7 @@ def _check(spec: dict, files: _Files, task, stages: dict) -> dict:
         if any(callable(r) for r in results):
             with _case_turn(stages):
                 results = [r() if callable(r) else r for r in results]  # one case's tensors on the device at a time
+            files.staging.unpin()
         cases += results
     return {"status": "ok", "cases": cases}
 
@@ -305,6 +312,7 @@ def _stage_case(spec: dict, files: _Files, task, shape: dict, seed: int, expecte
         record = files.output(shape["name"], output_name(shape["name"], seed))
     except ValueError as exc:
         return case | {"kind": "wrong_output", "reason": f"unreadable candidate output {where}: {exc}"}
+    files.pin(saved["args"], record)
 
     def on_device() -> dict:
         device, dtype = spec["device"], _dtype(spec)
@@ -344,6 +352,7 @@ def _stage_timed_case(spec: dict, files: _Files, task, shape: dict, expected: li
     # Timing uses one model for every input set: the one built under the first seed (see candidate.run).
     first = spec["seeds"][0]
     init = files.inputs(shape["name"], first)["init"]
+    files.pin(saved["args"], record)
 
     def on_device() -> dict:
         device, dtype = spec["device"], _dtype(spec)

@@ -6,6 +6,11 @@ the H200's host (benchmarks/host_path_probe.py). So a `Staging` streams tensors 
 buffers, allocated once per process: a chunk is copied between pageable memory (a memory-mapped file) and one
 buffer at memcpy speed while the other buffer's DMA runs.
 
+Better still, the files' own pages are page-locked where they lie (`Staging.pin`, the driver's cuMemHostRegister),
+before the turn: a mapped file's pages are already in memory, so locking them copies nothing, and the copy in the
+turn is a DMA alone, with no memcpy through the host's memory bus, which a dozen processes share. Where the driver
+refuses (read-only registration unsupported, no driver), the copy is staged as above.
+
 Output files (written by the untrusted candidate, read by the trusted check): per call, NAME.bin holds its outputs'
 bytes back to back and NAME.json says their dtypes and shapes (for a timed call's, also its seed and rolls). The
 candidate maps NAME.bin and its downloads land in it directly: there is no serialisation step. The check opens the
@@ -36,6 +41,9 @@ MAX_DIMS = 16
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
                "complex128": 16, "complex64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # map with the pages in place (Linux)
+_PAGE = mmap.PAGESIZE
+_REGISTER_PORTABLE, _REGISTER_READ_ONLY = 0x1, 0x8  # CU_MEMHOSTREGISTER_* flags
+_driver_lib: list = []  # [libcuda or None], loaded on first use
 
 
 class Staging:
@@ -46,6 +54,71 @@ class Staging:
         self.device = device
         self._buffers: list = []  # page-locked uint8 tensors, allocated on first use
         self._events: list = [None, None]  # the last DMA that used each buffer
+        self._pinned: dict[int, int] = {}  # page-locked in place (`pin`): first page's address -> end address
+        self.pinned_bytes = 0  # in all, for the stages' record and the tests
+
+    # -- page-locking host memory where it lies ---------------------------------------------------------------
+    def pin(self, value, read_only: bool = True) -> bool:
+        """Page-lock the whole pages inside host tensor `value` (a memory-mapped file's), outside any turn, so that
+        `upload`/`download` move them by DMA alone. `read_only`: the memory is only read from (a read-only or
+        private mapping: its pages are locked without being copied on write). False where nothing was locked: the
+        copy is then staged."""
+        import torch
+
+        if self.device != "cuda" or not isinstance(value, torch.Tensor) or value.device.type != "cpu" \
+                or not value.is_contiguous() or _nbytes(value) < STREAM_MIN_BYTES:
+            return False
+        start = -(-value.data_ptr() // _PAGE) * _PAGE
+        end = (value.data_ptr() + _nbytes(value)) // _PAGE * _PAGE
+        if self._pinned_span(start, end) is not None:
+            return True
+        lib = _driver()
+        if lib is not None and not self._pinned:
+            torch.cuda.synchronize()  # the process's context exists and is current: registering needs it
+        flags = _REGISTER_PORTABLE | (_REGISTER_READ_ONLY if read_only else 0)
+        # The driver API, not the runtime's cudaHostRegister: a refused runtime call leaves its error behind as the
+        # thread's last error, for torch's next kernel-launch check to raise as if the launch had failed.
+        if lib is None or end <= start or lib.cuMemHostRegister_v2(start, end - start, flags) != 0:
+            return False
+        self._pinned[start] = end
+        self.pinned_bytes += end - start
+        return True
+
+    def unpin(self) -> None:
+        """Unlock everything `pin` locked, once the device is done with it (waits for the device)."""
+        if not self._pinned:
+            return
+        import torch
+
+        torch.cuda.synchronize()
+        for start in self._pinned:
+            _driver().cuMemHostUnregister(start)
+        self._pinned.clear()
+
+    def _pinned_span(self, start: int, end: int) -> tuple[int, int] | None:
+        """The locked range that holds the whole pages of [start, end), if one does."""
+        first = -(-start // _PAGE) * _PAGE
+        last = end // _PAGE * _PAGE
+        for s, e in self._pinned.items():
+            if s <= first and last <= e and first < last:
+                return first, last
+        return None
+
+    def _direct(self, host, device, to_device: bool) -> bool:
+        """Copy between flat uint8 tensors `host` and `device` by DMA where `host`'s pages are locked in place (the
+        few bytes outside whole pages copied plainly); False where they are not."""
+        base = host.data_ptr()
+        span = self._pinned_span(base, base + host.numel())
+        if span is None:
+            return False
+        a, b = span[0] - base, span[1] - base
+        for lo, hi, non_blocking in ((a, b, True), (0, a, False), (b, host.numel(), False)):
+            if hi > lo:
+                if to_device:
+                    device[lo:hi].copy_(host[lo:hi], non_blocking=non_blocking)
+                else:
+                    host[lo:hi].copy_(device[lo:hi], non_blocking=non_blocking)
+        return True
 
     # -- uploads ---------------------------------------------------------------------------------------------
     def upload(self, value):
@@ -58,6 +131,8 @@ class Staging:
             return value.to(self.device)
         out = torch.empty_like(value, device=self.device)
         src, dst = _as_bytes(value), _as_bytes(out)
+        if self._direct(src, dst, to_device=True):
+            return out
         for i, off in enumerate(range(0, dst.numel(), CHUNK_BYTES)):
             k = min(CHUNK_BYTES, dst.numel() - off)
             buf = self._buffer(i % 2)  # its previous DMA has finished
@@ -69,10 +144,13 @@ class Staging:
 
     # -- downloads -------------------------------------------------------------------------------------------
     def download(self, value, dst) -> None:
-        """Device tensor `value`'s bytes into host uint8 tensor `dst` (e.g. a mapped output file)."""
+        """Device tensor `value`'s bytes into host uint8 tensor `dst` (e.g. a mapped output file). Where `dst` is
+        pinned the copy may still be running on return: synchronise before reading `dst`."""
         src = _as_bytes(value.contiguous())
         if self.device != "cuda" or src.numel() < STREAM_MIN_BYTES:
             dst.copy_(src)
+            return
+        if self._direct(dst, src, to_device=False):
             return
         import torch
 
@@ -102,6 +180,21 @@ class Staging:
             self._events[j].synchronize()
             self._events[j] = None
         return self._buffers[j]
+
+
+def _driver():
+    """The CUDA driver library (libcuda, loaded in every process that uses the GPU), or None."""
+    if not _driver_lib:
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuMemHostRegister_v2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+            lib.cuMemHostUnregister.argtypes = [ctypes.c_void_p]
+        except (OSError, AttributeError):
+            lib = None
+        _driver_lib.append(lib)
+    return _driver_lib[0]
 
 
 def _nbytes(t) -> int:
@@ -241,17 +334,27 @@ class OutputRecord:
 
         if self._mapped is None:
             return [torch.empty(shape, dtype=dtype) for dtype, shape in self.layout]
-        with warnings.catch_warnings():  # read-only memory: what is made of it here is only read, or copied
-            warnings.filterwarnings("ignore", message="The given buffer is not writable")
-            flat = torch.frombuffer(self._mapped, dtype=torch.uint8)
         outs = []
-        for (dtype, shape), part in zip(self.layout, _slices(flat, self.sizes)):
+        for (dtype, shape), part in zip(self.layout, _slices(self._flat(), self.sizes)):
             # The bytes are copied first (to the device, or on the CPU) and viewed as `dtype` there: the copy is
             # aligned, where the file's bytes for an output after an odd-sized one need not be.
             raw = staging.upload(part) if staging.device == "cuda" else part.clone()
             outs.append(raw.view(dtype).reshape(shape) if raw.numel() else torch.empty(shape, dtype=dtype,
                                                                                          device=raw.device))
         return outs
+
+
+    def pin(self, staging: Staging) -> None:
+        """Page-lock the mapped bytes for `upload` (outside the turn; see `Staging.pin`)."""
+        if self._mapped is not None:
+            staging.pin(self._flat(), read_only=True)
+
+    def _flat(self):
+        import torch
+
+        with warnings.catch_warnings():  # read-only memory: what is made of it here is only read, or copied
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            return torch.frombuffer(self._mapped, dtype=torch.uint8)
 
 
 def _open_regular(path: Path) -> int:

@@ -85,6 +85,33 @@ def test_staged_copies_keep_every_byte_across_chunks(monkeypatch):
     assert torch.equal(back.view(torch.float32), host * 2)
 
 
+@pytest.mark.gpu
+def test_pinned_files_move_by_dma_and_keep_every_byte(tmp_path):
+    """The harness's path: a mapped input file's pages locked in place (read-only) and uploaded; an output file's
+    locked and downloaded into; the check's read-only mapping of it locked and uploaded. Data start and end off the
+    page boundaries, so the bytes outside whole pages take the plain copy."""
+    staging = Staging("cuda")
+    host = torch.randn(5 * (1 << 20) + 3)  # ~20 MiB: past STREAM_MIN_BYTES
+    torch.save({"args": [torch.ones(7), host]}, tmp_path / "set.pt")  # the second tensor starts off a page
+    mapped = torch.load(tmp_path / "set.pt", weights_only=True, mmap=True, map_location="cpu")["args"][1]
+    assert staging.pin(mapped) and staging.pinned_bytes > 0, "the driver refused to lock a mapped file read-only"
+    on_device = staging.upload(mapped)
+    torch.cuda.synchronize()
+    assert torch.equal(on_device.cpu(), host)
+    staging.unpin()
+    [dst] = create_output_file(tmp_path, "out", [on_device])
+    assert staging.pin(dst, read_only=False)
+    staging.download(on_device * 2, dst)
+    torch.cuda.synchronize()
+    staging.unpin()
+    del dst
+    record = OutputRecord(tmp_path, "out", 1 << 30)
+    record.pin(staging)
+    [back] = record.upload(staging)
+    assert torch.equal(back.cpu(), host * 2)
+    staging.unpin()
+
+
 @pytest.mark.parametrize("record, message", [
     ("[" * 60000, "is not JSON"),  # nested too deep for the parser: refused, not a crash
     (json.dumps({"outs": [{"dtype": "qint8", "shape": [1]}]}), "an output it cannot have"),
