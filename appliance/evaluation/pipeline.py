@@ -265,6 +265,10 @@ class Pipeline:
             details["candidate_stderr"] = run.stderr[-4000:]
             details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
             failure = _candidate_failure(run, cand, s.candidate_timeout_s)
+            if failure and failure[0] in ("crashed", "runtime_error") and (
+                    short := _no_room_for_outputs(dirs["outputs"], sum(cand_spec["output_bytes"].values()))):
+                raise InfrastructureError(f"the candidate failed ({failure[2][:200]}) while the host had no room for "
+                                          f"its outputs: {short}; not the candidate's failure")
             if failure:
                 verdict, stage, reason = failure
                 if "retried_alone" in details:
@@ -705,6 +709,21 @@ def _memory_budget(gpu: int | None) -> int | None:
     except Exception:  # noqa: BLE001 - no NVML here: evaluations are bounded by slots alone, as before
         return None
     return int(total * MEMORY_BUDGET_FRACTION)
+
+
+def _no_room_for_outputs(outputs: Path, need: int) -> str | None:
+    """Why a crashed candidate may have crashed for want of room on the host (writing its outputs raises ENOSPC): the
+    outputs' file system has less free than the outputs take. One that filled the disk with files of its own is
+    still to blame (it wrote more than its outputs take)."""
+    try:
+        st = os.statvfs(outputs)
+        entries = [e.stat(follow_symlinks=False).st_size for e in os.scandir(outputs)]
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if sum(entries) > need + RECORD_MAX_BYTES * len(entries) or free >= need:  # records (NAME.json) aside
+        return None
+    return f"{free >> 20} MiB free for {need >> 20} MiB of outputs in {outputs}"
 
 
 def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> tuple[str, str, str] | None:

@@ -259,3 +259,36 @@ def test_small_shapes_share_turns(softmax_task, tmp_path):
     assert outcome.verdict == "pass", outcome.reason
     assert len(outcome.details["cases"]) == 9
     assert outcome.details["device_turns"]["turns"] == 4 + 1 + 1, outcome.details["device_turns"]
+
+
+def test_a_candidate_that_fails_while_the_host_has_no_room_for_outputs_is_not_blamed(softmax_task, tmp_path,
+                                                                                     monkeypatch):
+    """Out of space on the host is an infrastructure failure (the loop queues the candidate again), not the
+    candidate's crash; with room, the same crash is the candidate's."""
+    import os
+
+    from appliance.errors import InfrastructureError
+    from appliance.evaluation import pipeline as pipeline_module
+    from appliance.tasks import load_task
+
+    pipeline = _pipeline(tmp_path, slots=1)
+    task = load_task(softmax_task)
+    assert pipeline.evaluate(task, candidate("segfaults")).verdict == "crashed"
+    real = os.statvfs
+
+    def full(path):
+        st = real(path)
+        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, 0, 0) + tuple(st)[5:])
+
+    monkeypatch.setattr(pipeline_module.os, "statvfs", full)
+    with pytest.raises(InfrastructureError, match="no room for its outputs"):
+        pipeline.evaluate(task, candidate("segfaults"))
+    pipeline.close()
+
+
+def test_a_candidate_that_filled_the_disk_itself_is_still_to_blame(tmp_path):
+    from appliance.evaluation.pipeline import _no_room_for_outputs
+
+    (tmp_path / "junk").write_bytes(b"x" * (1 << 20))
+    assert _no_room_for_outputs(tmp_path, 1 << 10) is None  # it wrote more than its outputs take
+    assert _no_room_for_outputs(tmp_path, 1 << 62) is not None  # honest outputs do not fit
