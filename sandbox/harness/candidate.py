@@ -24,7 +24,8 @@ from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
 from sandbox.harness.timing import time_calls
-from sandbox.harness.transfer import Staging, create_output_file, output_name, preallocate_output_files
+from sandbox.harness.transfer import (Staging, create_output_file, in_memory, output_name,
+                                      preallocate_output_files)
 
 
 class CandidateFailure(Exception):
@@ -128,7 +129,7 @@ def run(spec: dict) -> dict:
     #    a copy of its inputs: JIT compilation and autotuning stay out of the measuring turn. While Triton compiles,
     #    the shared turn is lent back, so that it does not hold off other measurements.
     lend_turns_while_compiling()
-    staging = Staging(device)
+    staging = Staging(device, pin_files=in_memory(spec["inputs_dir"]) and in_memory(spec["outputs_dir"]))
     allocating = preallocate_output_files(Path(spec["outputs_dir"]), spec.get("output_bytes", {}))
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
     saved_sets = [(shape, seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",

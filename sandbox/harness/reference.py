@@ -23,7 +23,7 @@ from sandbox.harness.common import (as_outputs, cast_floating, cpu_seconds, devi
                                     write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
-from sandbox.harness.transfer import OutputRecord, Staging, output_file_limit, output_name
+from sandbox.harness.transfer import OutputRecord, Staging, in_memory, output_file_limit, output_name
 
 
 class TaskFault(Exception):
@@ -240,7 +240,9 @@ class _Files:
     staging buffers, inside the case's turn."""
 
     def __init__(self, spec: dict):
-        self.spec, self.staging, self._inputs = spec, Staging(spec["device"]), {}
+        on_tmpfs = in_memory(spec["inputs_dir"]) and in_memory(spec["outputs_dir"])
+        self.staging = Staging(spec["device"], pin_files=on_tmpfs)
+        self.spec, self._inputs = spec, {}
         self.outputs_max = {s["name"]: output_file_limit(_outputs_nbytes(s["outputs"])) for s in spec["prepared_shapes"]}
 
     def inputs(self, shape: str, seed: int) -> dict:

@@ -50,8 +50,9 @@ class Staging:
     """Host <-> device copies of one process, through two reused page-locked chunks. On the CPU there is no device:
     uploads return the host tensor itself (as `tensor.to("cpu")` does), downloads are plain copies."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, pin_files: bool = True):
         self.device = device
+        self.pin_files = pin_files  # False: `pin` locks nothing (files off a tmpfs: see in_memory)
         self._buffers: list = []  # page-locked uint8 tensors, allocated on first use
         self._events: list = [None, None]  # the last DMA that used each buffer
         self._pinned: dict[int, int] = {}  # page-locked in place (`pin`): first page's address -> end address
@@ -65,7 +66,8 @@ class Staging:
         copy is then staged."""
         import torch
 
-        if self.device != "cuda" or not isinstance(value, torch.Tensor) or value.device.type != "cpu" \
+        if not self.pin_files or self.device != "cuda" or not isinstance(value, torch.Tensor) \
+                or value.device.type != "cpu" \
                 or not value.is_contiguous() or _nbytes(value) < STREAM_MIN_BYTES:
             return False
         start = -(-value.data_ptr() // _PAGE) * _PAGE
@@ -180,6 +182,21 @@ class Staging:
             self._events[j].synchronize()
             self._events[j] = None
         return self._buffers[j]
+
+
+def in_memory(path) -> bool:
+    """Whether `path` lies on a tmpfs (its pages are memory already): only such files' pages are locked in place
+    (measured on /dev/shm; a disk file system's pages under writeback are not worth locking, and untested)."""
+    try:
+        mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return False
+    target, best, kind = os.path.realpath(path), "", ""
+    for m in mounts:
+        point = m[1] if len(m) > 2 else ""
+        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, m[2]
+    return kind == "tmpfs"
 
 
 def _driver():

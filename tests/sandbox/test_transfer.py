@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -86,10 +87,15 @@ def test_staged_copies_keep_every_byte_across_chunks(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_pinned_files_move_by_dma_and_keep_every_byte(tmp_path):
+def test_pinned_files_move_by_dma_and_keep_every_byte():
     """The harness's path: a mapped input file's pages locked in place (read-only) and uploaded; an output file's
     locked and downloaded into; the check's read-only mapping of it locked and uploaded. Data start and end off the
     page boundaries, so the bytes outside whole pages take the plain copy."""
+    import tempfile
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(dir="/dev/shm"))  # pages are locked in place on a tmpfs only
+    assert transfer.in_memory(tmp_path)
     staging = Staging("cuda")
     host = torch.randn(5 * (1 << 20) + 3)  # ~20 MiB: past STREAM_MIN_BYTES
     torch.save({"args": [torch.ones(7), host]}, tmp_path / "set.pt")  # the second tensor starts off a page
@@ -110,6 +116,12 @@ def test_pinned_files_move_by_dma_and_keep_every_byte(tmp_path):
     [back] = record.upload(staging)
     assert torch.equal(back.cpu(), host * 2)
     staging.unpin()
+    shutil.rmtree(tmp_path)
+
+
+def test_only_files_on_a_tmpfs_are_pinned(tmp_path):
+    assert transfer.in_memory("/dev/shm") and not transfer.in_memory("/proc/self")
+    assert not Staging("cuda", pin_files=False).pin(torch.zeros(1 << 22))
 
 
 @pytest.mark.parametrize("record, message", [
