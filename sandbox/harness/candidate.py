@@ -129,7 +129,7 @@ def run(spec: dict) -> dict:
     #    a copy of its inputs: JIT compilation and autotuning stay out of the measuring turn. While Triton compiles,
     #    the shared turn is lent back, so that it does not hold off other measurements.
     lend_turns_while_compiling()
-    staging = Staging(device, pin_files=in_memory(spec["inputs_dir"]) and in_memory(spec["outputs_dir"]))
+    staging = Staging(device, pin_files=in_memory(spec["inputs_dir"], spec["outputs_dir"]))
     allocating = preallocate_output_files(Path(spec["outputs_dir"]), spec.get("output_bytes", {}))
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
     saved_sets = [(shape, seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",

@@ -240,8 +240,7 @@ class _Files:
     staging buffers, inside the case's turn."""
 
     def __init__(self, spec: dict):
-        on_tmpfs = in_memory(spec["inputs_dir"]) and in_memory(spec["outputs_dir"])
-        self.staging = Staging(spec["device"], pin_files=on_tmpfs)
+        self.staging = Staging(spec["device"], pin_files=in_memory(spec["inputs_dir"], spec["outputs_dir"]))
         self.spec, self._inputs = spec, {}
         self.outputs_max = {s["name"]: output_file_limit(_outputs_nbytes(s["outputs"])) for s in spec["prepared_shapes"]}
 

@@ -184,19 +184,23 @@ class Staging:
         return self._buffers[j]
 
 
-def in_memory(path) -> bool:
-    """Whether `path` lies on a tmpfs (its pages are memory already): only such files' pages are locked in place
-    (measured on /dev/shm; a disk file system's pages under writeback are not worth locking, and untested)."""
+def in_memory(*paths) -> bool:
+    """Whether every one of `paths` lies on a tmpfs (its pages are memory already): only such files' pages are locked
+    in place (measured on /dev/shm; a disk file system's pages under writeback are not worth locking, and untested)."""
     try:
         mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
     except OSError:
         return False
-    target, best, kind = os.path.realpath(path), "", ""
-    for m in mounts:
-        point = m[1] if len(m) > 2 else ""
-        if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-            best, kind = point, m[2]
-    return kind == "tmpfs"
+
+    def kind(path) -> str:
+        target, best, found = os.path.realpath(path), "", ""
+        for m in mounts:
+            point = m[1] if len(m) > 2 else ""
+            if (target == point or target.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                best, found = point, m[2]
+        return found
+
+    return all(kind(p) == "tmpfs" for p in paths)
 
 
 def _driver():
@@ -359,7 +363,6 @@ class OutputRecord:
             outs.append(raw.view(dtype).reshape(shape) if raw.numel() else torch.empty(shape, dtype=dtype,
                                                                                          device=raw.device))
         return outs
-
 
     def pin(self, staging: Staging) -> None:
         """Page-lock the mapped bytes for `upload` (outside the turn; see `Staging.pin`)."""
