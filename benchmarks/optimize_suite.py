@@ -94,6 +94,19 @@ def where_time_went(details: list[dict], host_busy: float | None) -> str:
             + device_states(details))
 
 
+def start_up(started: datetime, rows: list[tuple[datetime, dict]], in_flight: int | None) -> str:
+    """How long the run took to get going: seconds from its start to its first verdict and to as many verdicts as
+    there are evaluations in flight per GPU (the first wave), and where the preparing of the task's inputs and
+    baselines went (its stages, as the evaluation charged with it recorded them)."""
+    times = sorted((t - started).total_seconds() for t, _ in rows)
+    wave = min(in_flight or 1, len(times))
+    prepare = next(((d.get("stage_s") or {}).get("prepare") for _, d in rows
+                    if (d.get("stage_s") or {}).get("prepare")), None)
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in (prepare or {}).items()) or "-"
+    return (f"start-up: first verdict at {times[0]:.0f} s, verdict {wave} at {times[wave - 1]:.0f} s, "
+            f"last at {times[-1]:.0f} s; prepare stages s: {stages}") if times else "start-up: no verdict"
+
+
 def device_states(details: list[dict]) -> str:
     """How each evaluation GPU's time went between the run's first and last checked evaluation (the gate's
     cumulative seconds per state, sandbox/gate.py DeviceGate.occupancy): the share measuring, in shared turns, in
@@ -166,7 +179,9 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
     rows = [(datetime.fromisoformat(t), json.loads(d or "{}")) for t, d in db.execute(
         "SELECT created_at, details FROM evaluation WHERE run_id = ? ORDER BY created_at", (summary["run_id"],))]
     verdicts = [(t, details.get("gpu_index")) for t, details in rows]
-    print(f"{name}: {where_time_went([details for _, details in rows], host_busy)}", file=sys.stderr, flush=True)
+    (started,), = db.execute("SELECT created_at FROM run WHERE id = ?", (summary["run_id"],)).fetchall()
+    print(f"{name}: {where_time_went([details for _, details in rows], host_busy)}; "
+          f"{start_up(datetime.fromisoformat(started), rows, args.in_flight)}", file=sys.stderr, flush=True)
     per_gpu = Counter(gpu for _, gpu in verdicts)
     sources = db.execute("SELECT id, source FROM candidate WHERE run_id = ? AND status = 'evaluated' ORDER BY id",
                          (summary["run_id"],)).fetchall()

@@ -214,11 +214,20 @@ class Pipeline:
 
     def _prepare(self, task: Task, task_spec: dict, inputs_dir: Path, workdir: Path, wall: dict,
                  turns: list[dict]) -> dict:
-        """The baselines are timed with the device to themselves; candidates of the task wait for them."""
+        """The baselines are timed with the device to themselves; candidates of the task wait for them. A worker's
+        first prepare on a GPU also measures the GPU's ceilings, in the same exclusive process, unless they are cached
+        (a cache of another GPU model or driver is measured again by _measure_ceilings)."""
         s = self.settings
-        return self._harness(["prepare"], task_spec | {"baselines": list(s.baselines), "inputs_dir": str(inputs_dir)},
-                             workdir=workdir, rw=[inputs_dir], timeout=s.reference_timeout_s, task=task, wall=wall,
-                             turns=turns, exclusive=True, resident_bytes=self._whole_budget())
+        cache = self._ceilings_key({})[1]
+        ceilings = task_spec["device"] == "cuda" and self._ceilings is None and not (cache and cache.is_file())
+        result = self._harness(["prepare"], task_spec | {"baselines": list(s.baselines), "inputs_dir": str(inputs_dir),
+                                                         "ceilings": ceilings},
+                               workdir=workdir, rw=[inputs_dir], timeout=s.reference_timeout_s, task=task, wall=wall,
+                               turns=turns, exclusive=True, resident_bytes=self._whole_budget())
+        measured = result.pop("ceilings", None)
+        if isinstance(measured, dict) and "measured" in measured:
+            self._keep_ceilings(measured, result["environment"])
+        return result
 
     def _run(self, task, candidate_path, job, device, mode, base, backends) -> Outcome:
         s = self.settings
@@ -281,6 +290,8 @@ class Pipeline:
 
             details["provenance"] = cand.get("provenance", {})
             details["stage_s"] = {"candidate": cand.get("stage_s")}
+            if wall.get("prepare"):  # the evaluation that prepared the task's inputs (or is charged for it)
+                details["stage_s"]["prepare"] = prepared.get("stage_s")
             fallback = _library_fallback(cand.get("provenance"), prepared["shapes"][0].get("ops", []))
             if fallback:
                 return Outcome(**base | dict(verdict="library_fallback", stage="correctness", reason=fallback),
@@ -376,9 +387,22 @@ class Pipeline:
         with self._once:
             return self._measure_ceilings(job, environment, turns)
 
-    def _measure_ceilings(self, job: Path, environment: dict, turns: list[dict]) -> dict | None:
+    def _ceilings_key(self, environment: dict) -> tuple[str, Path | None]:
+        """The cached ceilings' key (GPU model and driver) and cache file."""
         key = f"{environment.get('gpu')}|{environment.get('driver')}"
         cache = (self.settings.state_dir / f"ceilings-gpu{self.jail.gpu}.json") if self.settings.state_dir else None
+        return key, cache
+
+    def _keep_ceilings(self, measured: dict, environment: dict) -> None:
+        key, cache = self._ceilings_key(environment)
+        self._ceilings = measured | {"key": key}
+        if cache:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(self._ceilings))
+
+    def _measure_ceilings(self, job: Path, environment: dict, turns: list[dict]) -> dict | None:
+        """Where prepare did not measure them (it failed to, or ran before this GPU's driver changed)."""
+        key, cache = self._ceilings_key(environment)
         if self._ceilings is None and cache and cache.is_file():
             cached = json.loads(cache.read_text())
             self._ceilings = cached if cached.get("key") == key else None
@@ -393,10 +417,7 @@ class Pipeline:
             if run.returncode != 0 or measured is None:
                 # Without ceilings there is no roofline, but the evaluation itself stands.
                 return {"error": f"measuring the GPU's ceilings failed: {run.stderr.strip()[-300:]}"}
-            self._ceilings = measured | {"key": key}
-            if cache:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                cache.write_text(json.dumps(self._ceilings))
+            self._keep_ceilings(measured, environment)
         return self._ceilings
 
     def _could_fit_alone(self, result: dict, nbytes: int) -> bool:

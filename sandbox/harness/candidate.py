@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from sandbox.harness.common import (as_outputs, cpu_seconds, device_memory_freed, device_turn, error_info,
+from sandbox.harness.common import (Stages, as_outputs, cpu_seconds, device_memory_freed, device_turn, error_info,
                                     is_compile_error, lend_turns_while_compiling, load_module, prepare_device,
                                     tensor_bytes, to_device, turn_batches, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
@@ -85,24 +85,9 @@ def _check_untampered(watch: Watch, stage: str, when: str) -> None:
                                "synchronisation, comparison, serialisation and the harness must not be patched")
 
 
-class _Stages:
-    """Seconds per stage of this process (informational: where an evaluation's time goes); the result adds the
-    process's CPU seconds over all stages as "cpu_s"."""
-
-    def __init__(self):
-        self.clock = time.perf_counter  # bound before the candidate is imported
-        self.seconds: dict[str, float] = {}
-        self.last = self.clock()
-
-    def done(self, stage: str) -> None:
-        now = self.clock()
-        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self.last, 3)
-        self.last = now
-
-
 def run(spec: dict) -> dict:
     path = spec["candidate_file"]
-    stages = _Stages()
+    stages = Stages()
     _progress(spec, "load")
     import torch  # noqa: F401 - before the candidate, so the watch records torch's own functions
 
@@ -256,7 +241,7 @@ def _first_call(model, args: list, shape: dict, device: str, sync, path: str) ->
 
 
 def _correctness_call(model, args: list, shape: dict, seed: int, watch: Watch, launches: Launches,
-                      provenance: dict, sync, path: str, stages: _Stages) -> list:
+                      provenance: dict, sync, path: str, stages: Stages) -> list:
     """One correctness call: its outputs (cloned, on the device) after every check the candidate side can make."""
     import torch
 

@@ -9,6 +9,7 @@ import platform
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -272,3 +273,18 @@ def write_result(path: str | Path, result: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str))
     os.replace(tmp, path)
+
+
+class Stages:
+    """Seconds per stage of this process (informational: where an evaluation's time goes); the result adds the
+    process's CPU seconds over all stages as "cpu_s"."""
+
+    def __init__(self):
+        self.clock = time.perf_counter  # bound before the candidate is imported
+        self.seconds: dict[str, float] = {}
+        self.last = self.clock()
+
+    def done(self, stage: str) -> None:
+        now = self.clock()
+        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self.last, 3)
+        self.last = now

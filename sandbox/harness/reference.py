@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from sandbox.harness.common import (as_outputs, cast_floating, cpu_seconds, device_turn, environment, error_info,
-                                    load_module, prepare_device, tensor_bytes, to_device, turn_batches,
+from sandbox.harness.common import (Stages, as_outputs, cast_floating, cpu_seconds, device_turn, environment,
+                                    error_info, load_module, prepare_device, tensor_bytes, to_device, turn_batches,
                                     write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
@@ -139,11 +139,15 @@ def _input_path(spec: dict, shape: str, seed: int) -> Path:
 
 
 def prepare(spec: dict) -> dict:
-    """Write every input set, record the eager outputs' dtypes/shapes, and time the baselines."""
+    """Write every input set, record the eager outputs' dtypes/shapes, and time the baselines; with
+    spec["ceilings"], also measure the GPU's ceilings (sandbox/harness/ceilings.py) while this process holds the
+    device anyway (a process of their own held it exclusively for its start-up too)."""
     import torch
 
+    stages = Stages()
     device, dtype = spec["device"], _dtype(spec)
     task = _load_task(spec)
+    stages.done("load")
     shapes_out, timings = [], {}
     for shape in spec["shapes"]:
         input_sets, model = [], None
@@ -155,6 +159,7 @@ def prepare(spec: dict) -> dict:
             del args, cpu_args
             if model is None:
                 model = _build_model(spec, task, init, seed, device, dtype)
+        stages.done("inputs")
         with torch.no_grad():
             result, ops = _task_call(f"Model.forward at shape {shape['name']}", spec, record_ops, model,
                                      *input_sets[0])
@@ -171,13 +176,25 @@ def prepare(spec: dict) -> dict:
         # torch.compile recompiles for every new shape: time it on the main shape only, where speedups are quoted.
         names = spec["baselines"] if shape is spec["shapes"][0] else [b for b in spec["baselines"] if b != "compile"]
         timings[shape["name"]] = _time_baselines(spec, names, model, input_sets, device,
-                                                 energy=shape is spec["shapes"][0])
+                                                 energy=shape is spec["shapes"][0], stages=stages)
         del input_sets
-    return {"status": "ok", "shapes": shapes_out, "timings": timings, "environment": environment(device)}
+    result = {"status": "ok", "shapes": shapes_out, "timings": timings, "environment": environment(device)}
+    if spec.get("ceilings") and device == "cuda":
+        from sandbox.harness.ceilings import measure
+
+        torch.cuda.empty_cache()  # the ceilings' gigabyte buffers need the room the inputs had
+        try:
+            result["ceilings"] = measure()
+        except Exception as exc:  # noqa: BLE001 - without ceilings there is no roofline; the task is fine
+            result["ceilings"] = {"error": f"measuring the GPU's ceilings failed: {type(exc).__name__}: {exc}"[:500]}
+        stages.done("ceilings")
+    return result | {"stage_s": stages.seconds | {"cpu_s": cpu_seconds()}}
 
 
-def _time_baselines(spec: dict, names: list[str], model, input_sets: list, device: str, energy: bool) -> dict:
-    """Eager and torch.compile, timed exactly like the candidate; a baseline that fails is recorded, not fatal."""
+def _time_baselines(spec: dict, names: list[str], model, input_sets: list, device: str, energy: bool,
+                    stages: Stages) -> dict:
+    """Eager and torch.compile, timed exactly like the candidate; a baseline that fails is recorded, not fatal.
+    Their seconds go to stages "eager" and "compile" (torch.compile's own compilation included)."""
     import torch
 
     from sandbox.harness.energy import EnergyMeter
@@ -193,6 +210,7 @@ def _time_baselines(spec: dict, names: list[str], model, input_sets: list, devic
             out[name] = {"error": f"{type(exc).__name__}: {str(exc).strip()[:500]}"}
         if device == "cuda":
             torch.cuda.synchronize()
+        stages.done(name)
     return out
 
 

@@ -247,8 +247,9 @@ def test_host_transfers_are_grouped_into_turns_of_bounded_size():
 def test_small_shapes_share_turns(softmax_task, tmp_path):
     """Every turn waits behind the measurements in progress, so an evaluation of small shapes takes a fixed few:
     the candidate's uploads (every shape and seed), correctness calls, timing and downloads one each, and the check
-    one for all its cases (and the device's ceilings, measured on first use, one); not one per shape or per case
-    (this task: 3 shapes x 2 seeds + 3 timed outputs)."""
+    one for all its cases; not one per shape or per case (this task: 3 shapes x 2 seeds + 3 timed outputs). The
+    first evaluation is also charged the prepare made ahead (one exclusive turn, which on a GPU measures the
+    device's ceilings too), and shows where that prepare's time went."""
     from appliance.tasks import load_task
 
     pipeline = _pipeline(tmp_path, slots=1)
@@ -259,6 +260,7 @@ def test_small_shapes_share_turns(softmax_task, tmp_path):
     assert outcome.verdict == "pass", outcome.reason
     assert len(outcome.details["cases"]) == 9
     assert outcome.details["device_turns"]["turns"] == 4 + 1 + 1, outcome.details["device_turns"]
+    assert {"load", "inputs", "eager", "cpu_s"} <= set(outcome.details["stage_s"]["prepare"]), outcome.details
 
 
 def test_a_candidate_that_fails_while_the_host_has_no_room_for_outputs_is_not_blamed(softmax_task, tmp_path,

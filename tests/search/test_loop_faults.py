@@ -33,13 +33,13 @@ class BreakingPipeline(Pipeline):
         return super().evaluate(task, candidate_path)
 
 
-def make_run(tmp_path, **config) -> tuple[Store, int, OptimizeConfig, str]:
+def make_run(tmp_path, seed_source: str | None = None, **config) -> tuple[Store, int, OptimizeConfig, str]:
     store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
     task = load_task(SOFTMAX)
     row = store.get_or_add_task(task.name, str(task.path), task.source, task.manifest_text)
     cfg = OptimizeConfig(device="cpu", timing_budget_s=0.05, **config)
     run = store.add_run(row.id, "optimize", config_dict(cfg))
-    seed = (REPO / "benchmarks/baselines/softmax.py").read_text()
+    seed = seed_source or (REPO / "benchmarks/baselines/softmax.py").read_text()
     store.add_candidate(run.id, row.id, seed, proposer="seed", status="queued", island=0, generation=0)
     return store, run.id, cfg, seed
 
@@ -375,3 +375,21 @@ def test_with_slow_screens_the_loop_neither_overshoots_its_budget_nor_piles_up_p
     assert "compile_error" in verdicts and "pass" in verdicts
     left = [c for c, e in store.run_candidates(run_id) if e is None and c.status == "queued"]
     assert len(left) <= QuickPipeline.slots + cfg.batch, (len(left), proposer.asked)  # was 55 left, of 74
+
+
+def test_the_tuner_fills_free_slots_from_a_seed_still_evaluating_and_a_failing_seed_ends_the_run_cleanly(tmp_path):
+    """The first generation builds on the seed before its verdict (other slots do not idle through it). When the
+    seed then fails the gate, what was proposed from it is still evaluated (with its own verdict), and the run
+    finishes for want of a parent instead of crashing or proposing from a failed kernel."""
+    honest = (REPO / "benchmarks/baselines/softmax.py").read_text()
+    broken = honest.replace("tl.store(y_row + cols, y.to(", "tl.store(y_row + cols, (2 * y).to(")
+    assert broken != honest
+    store, run_id, cfg, _ = make_run(tmp_path, seed_source=broken, max_candidates=10, batch=1)
+    (seed_row, _), = store.run_candidates(run_id)
+    summary = optimizer(store, run_id, cfg, tmp_path, Pipeline(Jail(), settings(tmp_path), slots=2)).run()
+    rows = store.run_candidates(run_id)
+    assert summary.status == "finished" and summary.passed == 0
+    children = [(c, e) for c, e in rows if c.proposer == "tune"]
+    assert len(children) == 1 and children[0][0].parent_id == seed_row.id and children[0][0].generation == 0
+    assert all(e is not None and e.verdict == "wrong_output" for _, e in rows), [(c.proposer, e and e.verdict)
+                                                                                 for c, e in rows]

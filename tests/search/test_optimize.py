@@ -148,9 +148,15 @@ def test_evaluations_in_flight_overlap_but_take_turns_on_the_device(appliance, h
     code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "5", "--batch", "1", "--workers", "3")
     assert code == 0, summary
     assert summary["evaluated"] == 5 and summary["passed"] == 5
-    # After the seed, the first generation fills every slot (3 distinct proposals), though --batch is 1.
-    first = rows(home, "SELECT source FROM candidate WHERE proposer = 'tune' AND generation = 0")
-    assert len(first) == 3 and len(set(first)) == 3, first
+    # The first generation is proposed from the seed while the seed is evaluated, and fills the two other slots
+    # (though --batch is 1): nothing waits for the seed's verdict.
+    first = rows(home, "SELECT c.source, c.parent_id, c.created_at FROM candidate c "
+                       "WHERE c.proposer = 'tune' AND c.generation = 0")
+    (seed_id, seed_verdict_at), = rows(home, "SELECT c.id, e.created_at FROM candidate c JOIN evaluation e "
+                                             "ON e.candidate_id = c.id WHERE c.proposer = 'seed'")
+    assert len(first) == 2 and len({source for source, _, _ in first}) == 2, first
+    assert all(parent == seed_id and created < seed_verdict_at for _, parent, created in first), (first,
+                                                                                                  seed_verdict_at)
     turns = [json.loads(d)["device_turns"] for (d,) in rows(home, "SELECT details FROM evaluation ORDER BY id")]
     # The seed: its prepare holds the device throughout, then the candidate's and the check's turns.
     assert turns[0]["held_s"] > 0 and all(t["held_s"] > 0 for t in turns)
