@@ -18,4 +18,6 @@ if [ "${1:-}" != "--no-llm" ]; then
   export APPLIANCE_TEST_LLM_URL
   trap 'scripts/postgres_test_server.sh stop; scripts/test_llm_server.sh stop' EXIT  # one EXIT trap: both
 fi
-python -m pytest -q --durations=25
+# Two test processes (CI has two cores; most tests wait on jailed processes, servers and files), a file each at a
+# time: a module's shared fixtures (one evaluation, one wheelhouse) are made once.
+python -m pytest -q --durations=25 -n 2 --dist loadfile
