@@ -30,6 +30,10 @@ class Settings:
     # APPLIANCE_EXECUTOR: where evaluations run: local (in this process; the controller always uses worker processes)
     # | workers (one worker process per GPU) | ray://HOST:PORT | auto | HOST:PORT (Ray)
     executor: str = "local"
+    # APPLIANCE_JOBS_DIR: evaluations' job folders (each holds gigabytes of inputs and outputs at full size); on a GPU
+    # host, a tmpfs such as /dev/shm: only files on a tmpfs move to and from the GPU by DMA from pages locked in place
+    # (sandbox/harness/transfer.py). Default: APPLIANCE_HOME/jobs.
+    jobs: Path | None = None
 
     @classmethod
     def load(cls, db_url: str | None = None) -> Settings:
@@ -42,10 +46,11 @@ class Settings:
                    llm_model=os.environ.get("APPLIANCE_LLM_MODEL", ""),
                    llm_api_key=os.environ.get("APPLIANCE_LLM_API_KEY", "EMPTY"),
                    llm_max_tokens=int(os.environ.get("APPLIANCE_LLM_MAX_TOKENS", "4096")),
-                   executor=os.environ.get("APPLIANCE_EXECUTOR") or "local")
+                   executor=os.environ.get("APPLIANCE_EXECUTOR") or "local",
+                   jobs=Path(os.environ["APPLIANCE_JOBS_DIR"]) if os.environ.get("APPLIANCE_JOBS_DIR") else None)
 
     @property
     def jobs_dir(self) -> Path:
-        path = self.home / "jobs"
+        path = self.jobs or self.home / "jobs"
         path.mkdir(parents=True, exist_ok=True)
         return path

@@ -18,10 +18,12 @@ class Check:
     required: bool = True  # a failed required check means candidates cannot be evaluated here
 
 
-def run_checks(db_url: str, llm_url: str | None = None, llm_model: str = "", metrics_port: int | None = None
-               ) -> list[Check]:
+def run_checks(db_url: str, llm_url: str | None = None, llm_model: str = "", metrics_port: int | None = None,
+               jobs_dir: Path | None = None) -> list[Check]:
     checks = [_bwrap(), _seccomp(), _jail(), _cgroups(), _userns(), _torch(), _gpu(), _gpu_roles(llm_url),
               _database(db_url), _llm(llm_url, llm_model)]
+    if jobs_dir is not None:
+        checks.append(_jobs_dir(jobs_dir))
     if metrics_port:
         checks.append(_metrics_port(metrics_port))
     return checks
@@ -112,6 +114,22 @@ def _gpu() -> Check:
     cuda = torch.cuda.is_available()
     return Check("GPU", cuda, f"{', '.join(nodes)}; {text.strip()}; torch sees CUDA: {cuda}",
                  "" if cuda else "install a CUDA build of torch matching the driver", required=False)
+
+
+def _jobs_dir(path: Path, gpu_host: bool | None = None) -> Check:
+    """Job folders on a tmpfs (on a GPU host): only there are files locked in place and copied by DMA."""
+    from sandbox.harness.transfer import in_memory
+
+    if in_memory(path):
+        return Check("jobs dir", True, f"{path} (tmpfs: inputs and outputs move by DMA from pages locked in place)",
+                     required=False)
+    if not (any(Path("/dev").glob("nvidia[0-9]*")) if gpu_host is None else gpu_host):
+        return Check("jobs dir", True, f"{path} (not a tmpfs; no GPU here, so nothing is copied to one)",
+                     required=False)
+    return Check("jobs dir", False, f"{path} is not on a tmpfs: each evaluation writes and reads gigabytes there, "
+                                    "and its GPU copies go through staging buffers (slower, and turns last longer)",
+                 "set APPLIANCE_JOBS_DIR to a folder on a tmpfs, e.g. /dev/shm/appliance-jobs "
+                 "(the systemd units do), with room for ~4 GiB per evaluation in flight", required=False)
 
 
 def _database(url: str) -> Check:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
 
 
 def test_doctor_reports_a_usable_host(appliance):
@@ -50,3 +55,28 @@ def test_doctor_warns_when_the_metrics_port_is_taken(appliance):
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
     assert not checks["metrics port"]["ok"] and "taken" in checks["metrics port"]["detail"]
     assert result.exit_code == 0  # a warning: a running controller holds its own port
+
+
+def test_job_folders_go_where_appliance_jobs_dir_says_and_doctor_tells_whether_that_is_a_tmpfs(appliance, monkeypatch,
+                                                                                                tmp_path):
+    from appliance.config import Settings
+    from appliance.doctor import _jobs_dir
+
+    shm = Path("/dev/shm") / f"appliance-test-jobs-{os.getpid()}"
+    monkeypatch.setenv("APPLIANCE_JOBS_DIR", str(shm))
+    try:
+        assert Settings.load().jobs_dir == shm and shm.is_dir()
+        checks = {c["name"]: c for c in json.loads(appliance("doctor", "--json").stdout)["checks"]}
+        assert checks["jobs dir"]["ok"] and "tmpfs" in checks["jobs dir"]["detail"], checks["jobs dir"]
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+    monkeypatch.delenv("APPLIANCE_JOBS_DIR")
+    assert Settings.load().jobs_dir == Settings.load().home / "jobs"
+    # A folder on a disk file system (pytest's, here) is a warning on a GPU host, with the fix; fine without a GPU.
+    on_disk = tmp_path / "jobs"
+    on_disk.mkdir()
+    if _jobs_dir(on_disk, gpu_host=True).ok:
+        pytest.skip(f"{on_disk} is on a tmpfs on this host")
+    warned = _jobs_dir(on_disk, gpu_host=True)
+    assert not warned.required and "APPLIANCE_JOBS_DIR" in warned.fix and "/dev/shm" in warned.fix
+    assert _jobs_dir(on_disk, gpu_host=False).ok

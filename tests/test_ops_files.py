@@ -103,6 +103,8 @@ def test_units_run_the_right_commands_with_the_shared_config():
         assert s["User"] == ["appliance"] and s["Type"] == (["notify"] if name == WORKER else ["exec"])
         assert s["EnvironmentFile"] == ["/etc/appliance/appliance.env"]
         assert "APPLIANCE_HOME=/var/lib/appliance" in s["Environment"]
+        if name != "appliance-vllm.service":  # the units that evaluate keep their job folders in memory
+            assert "APPLIANCE_JOBS_DIR=/dev/shm/appliance-jobs" in s["Environment"], name
         assert s["StandardOutput"] == ["journal"] and s["StandardError"] == ["journal"]
         assert s["Restart"] == ["on-failure"]
         assert parse_unit(UNITS / name)["Install"]["WantedBy"][0].split()[0] == "multi-user.target"
