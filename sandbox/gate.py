@@ -50,7 +50,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
 
 ENV_FDS = "APPLIANCE_TURN_FDS"  # "REQUEST_FD,GRANT_FD" inside the jail
 
@@ -205,16 +204,15 @@ class DeviceGate:
         with self._cond:
             return not self._exclusive and self._shared == 0
 
-    def open_channel(self, resident_bytes=0) -> TurnChannel:
-        """The pipes of one process that will hold `resident_bytes` of device memory (None: the whole device; a
-        function: asked at the process's first turn)."""
+    def open_channel(self, resident_bytes: int | None = 0) -> TurnChannel:
+        """The pipes of one process that will hold `resident_bytes` of device memory (None: the whole device)."""
         return TurnChannel(self, resident_bytes)
 
 
 class TurnChannel:
     """The pipes between one harness process and the gate, and the thread that serves its requests."""
 
-    def __init__(self, gate: DeviceGate, resident_bytes: int | None | Callable[[], int | None] = 0):
+    def __init__(self, gate: DeviceGate, resident_bytes: int | None = 0):
         self.gate, self.record, self.resident_bytes = gate, TurnRecord(), resident_bytes
         self._request_r, self.request_w = os.pipe()
         self.grant_r, self._grant_w = os.pipe()
@@ -245,16 +243,6 @@ class TurnChannel:
             self._thread.join(timeout=10)
         return self.record
 
-    def _bytes(self) -> int | None:
-        """What the process holds while resident; a function is asked now (what it sizes may not have existed when
-        the process started). One that fails asks for the whole device: never more than the budget holds."""
-        if not callable(self.resident_bytes):
-            return self.resident_bytes
-        try:
-            return self.resident_bytes()
-        except Exception:  # noqa: BLE001 - the evaluation reports the cause; here, only memory is at stake
-            return None
-
     def _serve(self) -> None:
         held, resident = None, False
         try:
@@ -262,7 +250,7 @@ class TurnChannel:
                 for byte in chunk:
                     if byte in (ord("A"), ord("S"), ord("C")) and held is None:
                         if not resident:  # admitted before the turn; a resident never waits here
-                            self.gate.admit(self.record, self._bytes())
+                            self.gate.admit(self.record, self.resident_bytes)
                             resident = True
                         held = self.gate.acquire(self.record, exclusive=byte == ord("A"), ahead=byte == ord("C"))
                         try:

@@ -25,7 +25,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import sandbox
 from sandbox.cgroup import CgroupUnavailable, JobCgroup
@@ -107,15 +106,12 @@ class Jail:
 
     def run(self, argv: list[str], *, workdir: Path, ro: list[Path] = (), rw: list[Path] = (),
             env: dict[str, str] | None = None, timeout_s: float = 600.0, gate: DeviceGate | None = None,
-            exclusive: bool = False, resident_bytes: int | None | Callable[[], int | None] = 0,
-            grace_s: Callable[[float], float] | None = None) -> JailResult:
+            exclusive: bool = False, resident_bytes: int | None = 0) -> JailResult:
         """Run argv with `workdir` (writable, also HOME/TMPDIR/caches), `rw` writable and `ro` read-only paths.
 
         With a `gate`, the process takes turns on the device (sandbox/gate.py): it asks for them itself, or, with
         `exclusive`, holds one from start to end. It holds `resident_bytes` of device memory while resident (None:
-        the whole device; a function: asked when the process first asks for a turn); with `exclusive`, from start to
-        end too. `grace_s(start)`: seconds since the process started (monotonic `start`) that it spent waiting for
-        something of the trusted side's (a task's inputs being made), added to its deadline."""
+        the whole device); with `exclusive`, from start to end too."""
         workdir = Path(workdir)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
         channel = gate.open_channel(resident_bytes) if gate is not None and not exclusive else None
@@ -129,7 +125,7 @@ class Jail:
         try:
             if gate is not None and exclusive:
                 held = gate.acquire(record)
-            result = self._run(argv, workdir, ro, rw, full_env, timeout_s, limits, cgroup, channel, grace_s)
+            result = self._run(argv, workdir, ro, rw, full_env, timeout_s, limits, cgroup, channel)
         except BaseException:
             if channel:
                 channel.close_unstarted()  # nothing was started (no jail, no fork): no pipe may leak
@@ -145,8 +141,7 @@ class Jail:
         return result
 
     def _run(self, argv, workdir: Path, ro, rw, full_env: dict, timeout_s: float, limits: dict,
-             cgroup: JobCgroup | None, channel: TurnChannel | None,
-             grace_s: Callable[[float], float] | None = None) -> JailResult:
+             cgroup: JobCgroup | None, channel: TurnChannel | None) -> JailResult:
         pass_fds: tuple[int, ...] = channel.child_fds if channel else ()
         if self.unsafe_no_jail:
             cmd = argv
@@ -173,7 +168,7 @@ class Jail:
         out, err = _Drain(proc.stdout), _Drain(proc.stderr)
         timed_out = False
         try:
-            _wait(proc, timeout_s, channel, grace_s)
+            _wait(proc, timeout_s, channel)
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
@@ -358,21 +353,18 @@ class _Drain:
         return bytes(self.kept[-OUTPUT_TAIL:]).decode(errors="replace")
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float, channel: TurnChannel | None,
-          grace_s: Callable[[float], float] | None = None) -> None:
+def _wait(proc: subprocess.Popen, timeout_s: float, channel: TurnChannel | None) -> None:
     """Wait for `proc` for `timeout_s` of its own time. Seconds it waited to be admitted to the device's memory
     (sandbox/gate.py) are the other evaluations' doing, not its own: they extend the deadline, up to `timeout_s`
-    more (a backstop should admission never come); so do the seconds `grace_s` reports (bounded by the trusted
-    work it waited for, which has a timeout of its own)."""
+    more (a backstop should admission never come)."""
     start = time.monotonic()
     while True:
         queued = min(channel.record.admission_s(), timeout_s) if channel else 0.0
-        waited = grace_s(start) if grace_s else 0.0
-        remaining = start + timeout_s + queued + waited - time.monotonic()
+        remaining = start + timeout_s + queued - time.monotonic()
         if remaining <= 0:
             raise subprocess.TimeoutExpired(proc.args, timeout_s)
         try:
-            proc.wait(timeout=min(remaining, 1.0) if channel or grace_s else remaining)
+            proc.wait(timeout=min(remaining, 1.0) if channel else remaining)
             return
         except subprocess.TimeoutExpired:
             continue

@@ -23,9 +23,7 @@ import stat
 import subprocess
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
-from functools import cache, partial
 from pathlib import Path
 from typing import Callable
 
@@ -124,16 +122,17 @@ class Pipeline:
             meter = EnergyMeter(jail.gpu)
         self.gate = DeviceGate(energy_meter=meter, memory_bytes=_memory_budget(jail.gpu))
         self._ceilings: dict | None = None
-        self._prepared: dict[str, Preparation] = {}  # task key -> its kept inputs and baselines
-        self._once = threading.Lock()  # one thread starts a task's preparation (or measures ceilings); the rest wait
+        self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
+        self._prepared_ahead: dict[str, tuple[float, list[dict]]] = {}  # key -> (wall s, device turns) not yet charged
+        self._once = threading.Lock()  # one thread prepares a task's inputs (or measures ceilings); the rest wait
         # With settings.profile: which passing candidates get an Nsight Compute run (given the speedup vs eager).
         # A search sets it (loop.ProfileNewBests): a profile holds the device longer than the evaluation itself.
         self.profile_if: Callable[[float | None], bool] | None = None
 
     def close(self) -> None:
         """Remove the inputs kept for reuse."""
-        for kept in self._prepared.values():
-            shutil.rmtree(kept.inputs_dir, ignore_errors=True)
+        for inputs_dir, _ in self._prepared.values():
+            shutil.rmtree(inputs_dir, ignore_errors=True)
         self._prepared.clear()
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
@@ -171,7 +170,8 @@ class Pipeline:
         if not self.settings.reuse_inputs:
             return
         device = resolve_device(self.settings.device)
-        self._kept_inputs(task, device, self.settings.mode or ("full" if device == "cuda" else "small")).result()
+        self._kept_inputs(task, device, self.settings.mode or ("full" if device == "cuda" else "small"), {}, [],
+                          ahead=True)
 
     def _common_spec(self, task: Task, device: str, mode: str) -> dict:
         return {"device": device, "dtype": task.manifest.dtype, "seeds": list(range(task.manifest.seeds)),
@@ -181,31 +181,36 @@ class Pipeline:
         return "|".join([str(task.path), hashlib.sha256((task.source + task.manifest_text).encode()).hexdigest(), mode,
                          device, ",".join(self.settings.baselines)])
 
-    def _kept_inputs(self, task: Task, device: str, mode: str) -> Preparation:
-        """This task's inputs and baselines, kept for the next candidates: prepared once, started by the first caller
-        (again after a failure); evaluations start their processes meanwhile (see Preparation)."""
+    def _kept_inputs(self, task: Task, device: str, mode: str, wall: dict, turns: list[dict],
+                     ahead: bool = False) -> tuple[Path, dict]:
+        """(inputs dir, prepare's result) for this task, prepared by the first caller; the others wait for it.
+        A preparation made `ahead` of any evaluation is charged (wall seconds, device turns) to the first one."""
+        s = self.settings
         key = self._key(task, device, mode)
         with self._once:
             kept = self._prepared.get(key)
-            if kept is not None and not kept.failed() and kept.inputs_dir.is_dir():
+            if kept and kept[0].is_dir():
+                if ahead:
+                    return kept  # what was charged (or is pending) stays so
+                ahead_wall, ahead_turns = self._prepared_ahead.pop(key, (0.0, []))
+                wall["prepare"] = ahead_wall
+                turns.extend(ahead_turns)
                 return kept
-            inputs_dir = Path(tempfile.mkdtemp(prefix="inputs-", dir=self.settings.jobs_dir))
-            self._prepared[key] = Preparation(inputs_dir, partial(self._prepare_kept, task, device, mode, inputs_dir))
+            inputs_dir = Path(tempfile.mkdtemp(prefix="inputs-", dir=s.jobs_dir))
+            reference = Path(tempfile.mkdtemp(prefix="prepare-", dir=s.jobs_dir))
+            try:
+                shutil.copy(task.path, reference / "task.py")
+                spec = self._common_spec(task, device, mode) | {"task_file": str(reference / "task.py"),
+                                                                "task_display": str(task.path)}
+                self._prepared[key] = (inputs_dir, self._prepare(task, spec, inputs_dir, reference, wall, turns))
+                if ahead:
+                    self._prepared_ahead[key] = (wall["prepare"], list(turns))
+            except BaseException:
+                shutil.rmtree(inputs_dir, ignore_errors=True)
+                raise
+            finally:
+                shutil.rmtree(reference, ignore_errors=True)
             return self._prepared[key]
-
-    def _prepare_kept(self, task: Task, device: str, mode: str, inputs_dir: Path, wall: dict,
-                      turns: list[dict]) -> dict:
-        reference = Path(tempfile.mkdtemp(prefix="prepare-", dir=self.settings.jobs_dir))
-        try:
-            shutil.copy(task.path, reference / "task.py")
-            spec = self._common_spec(task, device, mode) | {"task_file": str(reference / "task.py"),
-                                                            "task_display": str(task.path)}
-            return self._prepare(task, spec, inputs_dir, reference, wall, turns)
-        except BaseException:
-            shutil.rmtree(inputs_dir, ignore_errors=True)
-            raise
-        finally:
-            shutil.rmtree(reference, ignore_errors=True)
 
     def _prepare(self, task: Task, task_spec: dict, inputs_dir: Path, workdir: Path, wall: dict,
                  turns: list[dict]) -> dict:
@@ -229,7 +234,7 @@ class Pipeline:
         wall: dict[str, float] = {}  # seconds per process of this evaluation
         turns: list[dict] = []  # device turns of this evaluation's processes
         # spec: what the candidate's harness reads, mounted read-only in its jail (a candidate must not rewrite what
-        # a retry or its profile run will read).
+        # its retry alone or its profile run will read).
         dirs = {k: job / k for k in ("reference", "inputs", "candidate", "outputs", "check", "spec")}
         for d in dirs.values():
             d.mkdir()
@@ -240,54 +245,39 @@ class Pipeline:
         shapes = common["shapes"]
         task_spec = common | {"task_file": str(dirs["reference"] / "task.py"), "task_display": str(task.path)}
 
-        # 1. Inputs and baselines, from the task's own code (or kept from an earlier candidate of this task). The
-        #    candidate's and the check's processes start meanwhile: their harnesses import torch while the inputs
-        #    are made, and read them (the candidate: run its own code at all) only once they are ready.
+        # 1. Inputs and baselines, from the task's own code (or kept from an earlier candidate of this task).
         if s.reuse_inputs:
-            preparation = self._kept_inputs(task, device, mode)
-            dirs["inputs"] = preparation.inputs_dir
+            inputs_dir, prepared = self._kept_inputs(task, device, mode, wall, turns)
+            dirs["inputs"] = inputs_dir
             for spec in (common, task_spec):
-                spec["inputs_dir"] = str(preparation.inputs_dir)
+                spec["inputs_dir"] = str(inputs_dir)
         else:
-            preparation = Preparation(dirs["inputs"], partial(self._prepare, task, task_spec, dirs["inputs"],
-                                                              dirs["reference"]))
-        details = {"backends": backends, "wall_s": wall, "gpu_index": self.jail.gpu}
-
-        @cache
-        def estimates() -> tuple[int, int]:  # device bytes of the candidate and of the check, once inputs exist
-            return resident_estimate(Path(common["inputs_dir"]), common, preparation.result()["shapes"])
+            prepared = self._prepare(task, task_spec, dirs["inputs"], dirs["reference"], wall, turns)
+        environment = prepared["environment"]
+        details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall, "gpu_index": self.jail.gpu}
+        cand_bytes, check_bytes = resident_estimate(Path(common["inputs_dir"]), common, prepared["shapes"])
 
         # The trusted check starts now, beside the candidate: its start-up (Python, torch, the task) overlaps the
         # candidate's run, and it reads nothing until told to go (step 3); any other way out of here stops it.
         check = _EarlyCheck(lambda: self._harness(
-            ["check"], task_spec | {"tolerances": task.tolerances(), "go_file": str(dirs["check"] / "go"),
-                                    "stop_file": str(dirs["check"] / "stop")},
+            ["check"], task_spec | {"prepared_shapes": prepared["shapes"], "tolerances": task.tolerances(),
+                                    "go_file": str(dirs["check"] / "go"), "stop_file": str(dirs["check"] / "stop")},
             workdir=dirs["check"], ro=[dirs["reference"], dirs["inputs"], dirs["outputs"]],
             timeout=2 * s.candidate_timeout_s + s.reference_timeout_s,  # the candidate may run twice (see below)
-            task=task, wall=wall, turns=turns, resident_bytes=lambda: estimates()[1]), dirs["check"])
+            task=task, wall=wall, turns=turns, resident_bytes=check_bytes), dirs["check"])
         try:
             # 2. The candidate, which sees its own file and the inputs, nothing else.
-            ready, stop = dirs["spec"] / "inputs-ready.json", dirs["spec"] / "stop"
             cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py"),
-                                  "result": str(dirs["candidate"] / "result.json"), "ready_file": str(ready),
-                                  "stop_file": str(stop)}
+                                  "output_bytes": _expected_output_files(common["seeds"], prepared["shapes"])}
             spec_path = dirs["spec"] / "spec.json"
-            spec_path.write_text(json.dumps(cand_spec))
-            threading.Thread(target=_release_when_prepared, args=(preparation, ready, stop, common["seeds"]),
-                             daemon=True, name="inputs-ready").start()
-            run, cand = self._candidate(dirs, spec_path, lambda: estimates()[0], wall, turns, details,
-                                        preparation.seconds_until_ready)
-            prepared = preparation.result()  # the candidate waited for it, or was stopped when it failed
-            preparation.charge(wall, turns)
-            environment = prepared["environment"]
-            details["shapes"] = prepared["shapes"]
+            spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
+            run, cand = self._candidate(dirs, spec_path, cand_bytes, wall, turns, details)
             details["device_turns"] = _sum_turns(turns)
             details["candidate_stderr"] = run.stderr[-4000:]
             details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
             failure = _candidate_failure(run, cand, s.candidate_timeout_s)
             if failure and failure[0] in ("crashed", "runtime_error") and (
-                    short := _no_room_for_outputs(dirs["outputs"], sum(_expected_output_files(
-                        common["seeds"], prepared["shapes"]).values()))):
+                    short := _no_room_for_outputs(dirs["outputs"], sum(cand_spec["output_bytes"].values()))):
                 raise InfrastructureError(f"the candidate failed ({failure[2][:200]}) while the host had no room for "
                                           f"its outputs: {short}; not the candidate's failure")
             if failure:
@@ -302,7 +292,7 @@ class Pipeline:
 
             details["provenance"] = cand.get("provenance", {})
             details["stage_s"] = {"candidate": cand.get("stage_s")}
-            if wall.get("prepare"):  # the evaluation charged for preparing the task's inputs
+            if wall.get("prepare"):  # the evaluation that prepared the task's inputs (or is charged for it)
                 details["stage_s"]["prepare"] = prepared.get("stage_s")
             fallback = _library_fallback(cand.get("provenance"), prepared["shapes"][0].get("ops", []))
             if fallback:
@@ -314,7 +304,7 @@ class Pipeline:
                                environment=environment, details=details)
 
             # 3. The trusted comparison against a float64 reference, by the check process started above.
-            checked = check.go({"prepared_shapes": prepared["shapes"]})
+            checked = check.go()
         finally:
             check.cancel()  # nothing to do once it was told to go
         details["cases"] = checked["cases"]
@@ -350,17 +340,15 @@ class Pipeline:
                        speedup_vs_eager=_speedup(main, "eager"), speedup_vs_compile=_speedup(main, "compile"),
                        environment=environment, details=details)
 
-    def _candidate(self, dirs: dict[str, Path], spec_path: Path, nbytes: Callable[[], int], wall: dict,
-                   turns: list[dict], details: dict,
-                   waiting_for_inputs: Callable[[float], float]) -> tuple[JailResult, dict | None]:
-        """The candidate process and its result record. Seconds it waits for the task's inputs do not count against
-        its timeout."""
+    def _candidate(self, dirs: dict[str, Path], spec_path: Path, nbytes: int, wall: dict, turns: list[dict],
+                   details: dict) -> tuple[JailResult, dict | None]:
+        """The candidate process and its result record."""
 
-        def once(resident_bytes: Callable[[], int] | None) -> tuple[JailResult, dict | None]:
+        def once(resident_bytes: int | None) -> tuple[JailResult, dict | None]:
             run = self.jail.run([_python(), "-m", "sandbox.harness.candidate", str(spec_path)],
                                 workdir=dirs["candidate"], ro=[dirs["inputs"], dirs["spec"]], rw=[dirs["outputs"]],
                                 timeout_s=self.settings.candidate_timeout_s, gate=self.gate,
-                                resident_bytes=resident_bytes, grace_s=waiting_for_inputs)
+                                resident_bytes=resident_bytes)
             turns.append(run.turns or {})
             wall["candidate"] = round(wall.get("candidate", 0.0) + run.wall_s, 2)
             return run, read_result(dirs["candidate"] / "result.json")
@@ -370,7 +358,7 @@ class Pipeline:
         # estimates, and a neighbour may allocate more than its own): once more, alone (None: admitted only when
         # nothing else is resident); that run's verdict stands. Not when what it asked for would not fit beside its own
         # share even alone: a retry would wait for the device to empty for nothing.
-        if (_out_of_memory(cand) and (run.turns or {}).get("neighbours") and self._could_fit_alone(cand, nbytes())
+        if (_out_of_memory(cand) and (run.turns or {}).get("neighbours") and self._could_fit_alone(cand, nbytes)
                 and _emptied(dirs["outputs"])):
             details["retried_alone"] = str(cand.get("reason"))
             (dirs["candidate"] / "result.json").unlink(missing_ok=True)
@@ -386,7 +374,8 @@ class Pipeline:
         log = dirs["candidate"] / "ncu.csv"
         run = self.jail.run([*evidence.ncu_command(ncu, str(log)), _python(), "-m", "sandbox.harness.candidate",
                              str(spec_path), "--profile"],
-                            workdir=dirs["candidate"], ro=[dirs["inputs"], dirs["spec"]], timeout_s=300, gate=self.gate,
+                            workdir=dirs["candidate"], ro=[dirs["inputs"], dirs["spec"]], timeout_s=300,
+                            gate=self.gate,
                             exclusive=True, resident_bytes=self._whole_budget())
         turns.append(run.turns or {})
         text = _read_text(log, MAX_RESULT_BYTES)
@@ -512,70 +501,6 @@ def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: 
     return outcome
 
 
-class Preparation:
-    """A task's inputs and baselines, made by its prepare process on a thread of its own (`make(wall, turns)`). Its
-    inputs folder exists from the start, so an evaluation starts its processes (their imports, the check's start)
-    while it runs and waits for `result()` where it needs it. The candidate's harness reads a ready file before it
-    loads any candidate code (_release_when_prepared): no candidate code runs beside the baselines' timing."""
-
-    def __init__(self, inputs_dir: Path, make: Callable[[dict, list], dict]):
-        self.inputs_dir = inputs_dir
-        self._wall: dict[str, float] = {}
-        self._turns: list[dict] = []
-        self._result: dict | None = None
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        self._ready_at: float | None = None
-        self._charged = threading.Lock()
-        self._charged_once = False
-        threading.Thread(target=self._make, args=(make,), daemon=True, name="prepare").start()
-
-    def _make(self, make: Callable[[dict, list], dict]) -> None:
-        try:
-            self._result = make(self._wall, self._turns)
-        except BaseException as e:  # noqa: BLE001 - raised in every evaluation that waits for it, by result()
-            self._error = e
-        finally:
-            self._ready_at = time.monotonic()
-            self._done.set()
-
-    def result(self) -> dict:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def failed(self) -> bool:
-        return self._done.is_set() and self._error is not None
-
-    def seconds_until_ready(self, since: float) -> float:
-        """Seconds from `since` (monotonic) until the inputs were ready, or until now while they are not."""
-        return max(0.0, (self._ready_at or time.monotonic()) - since)
-
-    def charge(self, wall: dict, turns: list[dict]) -> None:
-        """The first evaluation that used these inputs is charged for making them (wall seconds, device turns)."""
-        with self._charged:
-            first, self._charged_once = not self._charged_once, True
-        wall["prepare"] = self._wall.get("prepare", 0.0) if first else 0.0
-        if first:
-            turns.extend(self._turns)
-
-
-def _release_when_prepared(preparation: Preparation, ready: Path, stop: Path, seeds: list[int]) -> None:
-    """The candidate's harness waits for `ready` (the output files' sizes, from prepare's record) or `stop`."""
-    try:
-        prepared = preparation.result()
-    except BaseException:  # noqa: BLE001 - the evaluation raises it; the candidate just stops waiting
-        stop.touch()
-        return
-    try:
-        tmp = ready.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"output_bytes": _expected_output_files(seeds, prepared["shapes"])}))
-        os.replace(tmp, ready)
-    except OSError:
-        pass  # the evaluation ended without the candidate (its job folder is gone)
-
-
 class _EarlyCheck:
     """The check process of one evaluation, started before the candidate's outputs exist (sandbox.harness.reference
     `check` waits for `go_file` or `stop_file` in its workdir before it reads anything)."""
@@ -593,11 +518,8 @@ class _EarlyCheck:
         except BaseException as e:  # noqa: BLE001 - raised in the evaluating thread, by go()
             self.error = e
 
-    def go(self, told: dict) -> dict:
-        """Tell the check to go, with what it could not know when it started (prepare's record of the outputs)."""
-        tmp = self.go_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(told))
-        os.replace(tmp, self.go_file)  # whole when it appears: the check reads it as soon as it exists
+    def go(self) -> dict:
+        self.go_file.touch()
         self.thread.join()
         if self.error is not None:
             raise self.error

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sandbox.harness.common import (Stages, as_outputs, cpu_seconds, device_memory_freed, device_turn, error_info,
                                     is_compile_error, lend_turns_while_compiling, load_module, prepare_device,
-                                    tensor_bytes, to_device, turn_batches, wait_for, write_result)
+                                    tensor_bytes, to_device, turn_batches, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
@@ -73,14 +73,6 @@ def _failure(exc: BaseException, stage: str, what: str, path: str) -> CandidateF
     return CandidateFailure(verdict, stage, f"{short} {what} ({where}): {info['message'][:600]}", info)
 
 
-def _output_bytes(ready: dict) -> dict[str, int]:
-    """The output files' sizes the controller expects (name -> bytes), from the trusted ready file."""
-    sizes = ready.get("output_bytes")
-    if not isinstance(sizes, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in sizes.items()):
-        raise ValueError(f"malformed ready file: output_bytes {sizes!r:.200}")
-    return sizes
-
-
 def _progress(spec: dict, stage: str) -> None:
     """Record the stage reached, so a crash or timeout is reported at the right stage."""
     write_result(spec["result"], {"status": "running", "stage": stage})
@@ -102,14 +94,6 @@ def run(spec: dict) -> dict:
     meter = EnergyMeter() if spec["device"] == "cuda" else None
     launches = Launches()
     launches.install()  # before the candidate is imported: its load_inline modules get counted too
-    if spec.get("ready_file"):
-        # Started while the task's inputs may still be being made: the imports above overlapped that; no candidate
-        # code runs until they are ready (so never beside the baselines' timing).
-        stages.done("imports")
-        if not wait_for(Path(spec["ready_file"]), Path(spec["stop_file"])):
-            return {"status": "cancelled", "reason": "the task's inputs could not be prepared"}
-        spec["output_bytes"] = _output_bytes(json.loads(Path(spec["ready_file"]).read_text()))
-        stages.done("wait_for_inputs")
     watch = Watch()
     try:
         module = load_module(path, "candidate")

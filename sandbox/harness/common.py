@@ -288,13 +288,3 @@ class Stages:
         now = self.clock()
         self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self.last, 3)
         self.last = now
-
-
-def wait_for(go: Path, stop: Path) -> bool:
-    """Until the trusted side writes `go` (True) or `stop` (False); `go` appears whole (written, then renamed)."""
-    while True:
-        if go.exists():
-            return True
-        if stop.exists():
-            return False
-        time.sleep(0.01)

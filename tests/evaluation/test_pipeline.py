@@ -296,22 +296,15 @@ def test_a_candidate_that_filled_the_disk_itself_is_still_to_blame(tmp_path):
     assert _no_room_for_outputs(tmp_path, 1 << 62) is not None  # honest outputs do not fit
 
 
-def test_the_candidates_process_starts_while_inputs_are_made_but_its_code_waits_for_them(tmp_path):
-    """The harness imports torch and Triton while the task's inputs are still being made (at full size on a GPU,
-    tens of seconds of prepare that a run's first candidates used to wait out before starting at all); the
-    candidate's own code runs only after the controller declared the inputs ready, so never beside the baselines'
-    timing. (Seconds spent waiting do not count against its timeout: tests/sandbox/test_jail.py.)"""
-    from appliance.evaluation.pipeline import EvalSettings, Pipeline
+def test_a_candidate_cannot_rewrite_its_spec(softmax_task, tmp_path):
+    """The spec a candidate's harness reads lies in a folder its jail mounts read-only: a candidate that rewrote it
+    would choose what its retry alone (after running out of memory beside others) or its profile run measures."""
     from appliance.tasks import load_task
-    from sandbox.jail import Jail
 
-    pipeline = Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05,
-                                             jobs_dir=tmp_path))
-    task = load_task(FIXTURES / "tasks/slow_prepare.py")
-    outcome = pipeline.evaluate(task, candidate("reports_inputs_ready"))
+    pipeline = _pipeline(tmp_path, slots=1)
+    outcome = pipeline.evaluate(load_task(softmax_task), candidate("rewrites_its_spec"))
+    pipeline.close()
     assert outcome.verdict == "pass", outcome.reason
-    assert outcome.details["wall_s"]["prepare"] > 3.0  # 2 seeds x 1.5 s in get_init_inputs, and its start
-    stages = outcome.details["stage_s"]["candidate"]
-    # The process was up and had imported torch while the inputs were made, then waited for them.
-    assert stages["imports"] > 0 and stages["wait_for_inputs"] > 1.0, stages
-    assert "inputs ready at import: True" in outcome.details["candidate_stderr"], outcome.details["candidate_stderr"]
+    assert "spec rewrite refused: Read-only file system" in outcome.details["candidate_stderr"], \
+        outcome.details["candidate_stderr"]
+
