@@ -51,6 +51,15 @@ class Settings:
 
     @property
     def jobs_dir(self) -> Path:
+        """The job folders' parent, made if missing; refused when another user owns it or may write to it (on a
+        shared tmpfs such as /dev/shm someone else could have made it first, and swap a job's files)."""
+        from appliance.errors import InfrastructureError
+
         path = self.jobs or self.home / "jobs"
         path.mkdir(parents=True, exist_ok=True)
+        st = path.stat()
+        if st.st_uid != os.geteuid() or st.st_mode & 0o002:
+            raise InfrastructureError(f"{path} (the job folders) is owned by uid {st.st_uid} or writable by every "
+                                      f"user (mode {st.st_mode & 0o7777:o}): another user could swap an evaluation's "
+                                      "files. Remove it, or set APPLIANCE_JOBS_DIR to a folder of this user's")
         return path

@@ -99,12 +99,15 @@ def start_up(started: datetime, rows: list[tuple[datetime, dict]], in_flight: in
     there are evaluations in flight per GPU (the first wave), and where the preparing of the task's inputs and
     baselines went (its stages, as the evaluation charged with it recorded them)."""
     times = sorted((t - started).total_seconds() for t, _ in rows)
-    wave = min(in_flight or 1, len(times))
+    if not times:
+        return "start-up: no verdict"
     prepare = next(((d.get("stage_s") or {}).get("prepare") for _, d in rows
                     if (d.get("stage_s") or {}).get("prepare")), None)
     stages = ", ".join(f"{k} {v:.1f}" for k, v in (prepare or {}).items()) or "-"
-    return (f"start-up: first verdict at {times[0]:.0f} s, verdict {wave} at {times[wave - 1]:.0f} s, "
-            f"last at {times[-1]:.0f} s; prepare stages s: {stages}") if times else "start-up: no verdict"
+    wave = min(in_flight, len(times)) if in_flight else None  # without --in-flight: the CLI's default, not known here
+    first_wave = f"verdict {wave} at {times[wave - 1]:.0f} s, " if wave else ""
+    return (f"start-up: first verdict at {times[0]:.0f} s, {first_wave}last at {times[-1]:.0f} s; "
+            f"prepare stages s: {stages}")
 
 
 def device_states(details: list[dict]) -> str:

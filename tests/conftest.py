@@ -34,6 +34,7 @@ def home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("APPLIANCE_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("APPLIANCE_DB_URL", raising=False)
     monkeypatch.delenv("APPLIANCE_UNSAFE_NO_JAIL", raising=False)
+    monkeypatch.delenv("APPLIANCE_JOBS_DIR", raising=False)  # job folders under this home, as tests expect
     return tmp_path / "home"
 
 

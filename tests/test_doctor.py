@@ -61,6 +61,7 @@ def test_job_folders_go_where_appliance_jobs_dir_says_and_doctor_tells_whether_t
                                                                                                 tmp_path):
     from appliance.config import Settings
     from appliance.doctor import _jobs_dir
+    from appliance.errors import InfrastructureError
 
     shm = Path("/dev/shm") / f"appliance-test-jobs-{os.getpid()}"
     monkeypatch.setenv("APPLIANCE_JOBS_DIR", str(shm))
@@ -72,6 +73,14 @@ def test_job_folders_go_where_appliance_jobs_dir_says_and_doctor_tells_whether_t
         shutil.rmtree(shm, ignore_errors=True)
     monkeypatch.delenv("APPLIANCE_JOBS_DIR")
     assert Settings.load().jobs_dir == Settings.load().home / "jobs"
+    # A folder every user may write to (as /dev/shm itself) is refused: someone else could swap a job's files.
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv("APPLIANCE_JOBS_DIR", str(shared))
+    with pytest.raises(InfrastructureError, match="writable by every user"):
+        Settings.load().jobs_dir
+    monkeypatch.delenv("APPLIANCE_JOBS_DIR")
     # A folder on a disk file system (pytest's, here) is a warning on a GPU host, with the fix; fine without a GPU.
     on_disk = tmp_path / "jobs"
     on_disk.mkdir()

@@ -124,7 +124,8 @@ class Pipeline:
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
         self._prepared_ahead: dict[str, tuple[float, list[dict]]] = {}  # key -> (wall s, device turns) not yet charged
-        self._once = threading.Lock()  # one thread prepares a task's inputs (or measures ceilings); the rest wait
+        self._once = threading.Lock()  # one thread prepares a task's inputs; the rest wait
+        self._ceilings_lock = threading.Lock()  # the GPU's ceilings: kept, read and measured by one thread at a time
         # With settings.profile: which passing candidates get an Nsight Compute run (given the speedup vs eager).
         # A search sets it (loop.ProfileNewBests): a profile holds the device longer than the evaluation itself.
         self.profile_if: Callable[[float | None], bool] | None = None
@@ -220,13 +221,25 @@ class Pipeline:
         s = self.settings
         cache = self._ceilings_key({})[1]
         ceilings = task_spec["device"] == "cuda" and self._ceilings is None and not (cache and cache.is_file())
-        result = self._harness(["prepare"], task_spec | {"baselines": list(s.baselines), "inputs_dir": str(inputs_dir),
-                                                         "ceilings": ceilings},
-                               workdir=workdir, rw=[inputs_dir], timeout=s.reference_timeout_s, task=task, wall=wall,
-                               turns=turns, exclusive=True, resident_bytes=self._whole_budget())
+
+        def run(with_ceilings: bool) -> dict:
+            return self._harness(["prepare"], task_spec | {"baselines": list(s.baselines),
+                                                           "inputs_dir": str(inputs_dir), "ceilings": with_ceilings},
+                                 workdir=workdir, rw=[inputs_dir], timeout=s.reference_timeout_s, task=task,
+                                 wall=wall, turns=turns, exclusive=True, resident_bytes=self._whole_budget())
+
+        try:
+            result = run(ceilings)
+        except InfrastructureError:
+            if not ceilings:
+                raise
+            # The ceilings are measured first (before any task code): a prepare that crashed with them is run once
+            # more without, so that measuring them can cost the roofline, never the task.
+            result = run(False)
         measured = result.pop("ceilings", None)
         if isinstance(measured, dict) and "measured" in measured:
-            self._keep_ceilings(measured, result["environment"])
+            with self._ceilings_lock:
+                self._keep_ceilings(measured, result["environment"])
         return result
 
     def _run(self, task, candidate_path, job, device, mode, base, backends) -> Outcome:
@@ -387,7 +400,7 @@ class Pipeline:
 
     def _device_ceilings(self, job: Path, environment: dict, turns: list[dict]) -> dict | None:
         """The GPU's measured ceilings: once per worker (cached per GPU model and driver), in the jail."""
-        with self._once:
+        with self._ceilings_lock:
             return self._measure_ceilings(job, environment, turns)
 
     def _ceilings_key(self, environment: dict) -> tuple[str, Path | None]:
@@ -401,14 +414,16 @@ class Pipeline:
         self._ceilings = measured | {"key": key}
         if cache:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(self._ceilings))
+            tmp = cache.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self._ceilings))
+            os.replace(tmp, cache)  # whole or not at all: another worker may read it now
 
     def _measure_ceilings(self, job: Path, environment: dict, turns: list[dict]) -> dict | None:
         """Where prepare did not measure them (it failed to, or ran before this GPU's driver changed)."""
         key, cache = self._ceilings_key(environment)
         if self._ceilings is None and cache and cache.is_file():
-            cached = json.loads(cache.read_text())
-            self._ceilings = cached if cached.get("key") == key else None
+            cached = read_result(cache)  # unreadable: measured again
+            self._ceilings = cached if cached and cached.get("key") == key else None
         if self._ceilings is None or self._ceilings.get("key") != key:
             workdir = job / "ceilings"
             workdir.mkdir()

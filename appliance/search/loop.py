@@ -391,14 +391,17 @@ class Optimizer:
         - The tuner builds on the seed while the seed's own evaluation is still under way (first generation only):
           settings of the kernel the run starts from, which almost always passes. The other slots then fill at
           once instead of idling through the seed's whole evaluation (on the H200 at full size, 72 s of a 288 s
-          run gave one verdict). A seed that fails leaves these to be evaluated, and nothing more to build on."""
+          run gave one verdict). A seed that fails leaves these to be evaluated: the run goes on from those that
+          pass, and ends when none does."""
         seeds = [e for e in db.entries if e.candidate.proposer == "seed"]
         name = getattr(self.proposer, "name", "")
         if name == "llm":
             evaluated = [e for e in seeds if e.evaluation is not None]
             return evaluated[0] if evaluated else None
         if name == "tune" and self.state["generation"] == 0:
-            pending = [e for e in seeds if e.evaluation is None and e.candidate.status in ("queued", "evaluating")]
+            # Evaluating, not queued: a seed still waiting for a compile-only screen may not build for the GPU, and
+            # the tuner's settings of it are not screened themselves.
+            pending = [e for e in seeds if e.evaluation is None and e.candidate.status == "evaluating"]
             return pending[0] if pending else None
         return None
 

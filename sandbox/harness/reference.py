@@ -140,12 +140,23 @@ def _input_path(spec: dict, shape: str, seed: int) -> Path:
 
 def prepare(spec: dict) -> dict:
     """Write every input set, record the eager outputs' dtypes/shapes, and time the baselines; with
-    spec["ceilings"], also measure the GPU's ceilings (sandbox/harness/ceilings.py) while this process holds the
+    spec["ceilings"], first measure the GPU's ceilings (sandbox/harness/ceilings.py) while this process holds the
     device anyway (a process of their own held it exclusively for its start-up too)."""
     import torch
 
     stages = Stages()
     device, dtype = spec["device"], _dtype(spec)
+    ceilings = None
+    if spec.get("ceilings") and device == "cuda":
+        # First, on an empty device and before any task code: whatever goes wrong here is ours, not the task's.
+        from sandbox.harness.ceilings import measure
+
+        try:
+            ceilings = measure()
+        except Exception as exc:  # noqa: BLE001 - without ceilings there is no roofline; the task is fine
+            ceilings = {"error": f"measuring the GPU's ceilings failed: {type(exc).__name__}: {exc}"[:500]}
+        torch.cuda.empty_cache()  # the inputs need the room the ceilings' gigabyte buffers had
+        stages.done("ceilings")
     task = _load_task(spec)
     stages.done("load")
     shapes_out, timings = [], {}
@@ -179,15 +190,8 @@ def prepare(spec: dict) -> dict:
                                                  energy=shape is spec["shapes"][0], stages=stages)
         del input_sets
     result = {"status": "ok", "shapes": shapes_out, "timings": timings, "environment": environment(device)}
-    if spec.get("ceilings") and device == "cuda":
-        from sandbox.harness.ceilings import measure
-
-        torch.cuda.empty_cache()  # the ceilings' gigabyte buffers need the room the inputs had
-        try:
-            result["ceilings"] = measure()
-        except Exception as exc:  # noqa: BLE001 - without ceilings there is no roofline; the task is fine
-            result["ceilings"] = {"error": f"measuring the GPU's ceilings failed: {type(exc).__name__}: {exc}"[:500]}
-        stages.done("ceilings")
+    if ceilings is not None:
+        result["ceilings"] = ceilings
     return result | {"stage_s": stages.seconds | {"cpu_s": cpu_seconds()}}
 
 

@@ -308,3 +308,27 @@ def test_a_candidate_cannot_rewrite_its_spec(softmax_task, tmp_path):
     assert "spec rewrite refused: Read-only file system" in outcome.details["candidate_stderr"], \
         outcome.details["candidate_stderr"]
 
+
+
+def test_ceilings_come_from_a_cache_of_the_same_gpu_and_driver_and_anything_else_is_measured_again(tmp_path):
+    """A worker's first prepare measures the GPU's ceilings and caches them (per GPU model and driver); a later
+    worker reads that cache instead. A cache of another driver, or one torn or garbled, is measured again (here,
+    without a GPU, measuring fails: the roofline is lost, never the evaluation)."""
+    from appliance.evaluation.pipeline import EvalSettings, Pipeline
+    from sandbox.jail import Jail
+
+    def pipeline():
+        return Pipeline(Jail(), EvalSettings(device="cpu", state_dir=tmp_path / "state", jobs_dir=tmp_path))
+
+    h200 = {"gpu": "NVIDIA H200", "driver": "580.1"}
+    pipeline()._keep_ceilings({"measured": {"read_bytes_per_s": 4.4e12}}, h200)
+    (job := tmp_path / "job").mkdir()
+    assert pipeline()._device_ceilings(job, h200, [])["measured"] == {"read_bytes_per_s": 4.4e12}
+    assert not (job / "ceilings").exists()  # nothing was run
+
+    other_driver = pipeline()._device_ceilings(job, h200 | {"driver": "590.2"}, [])
+    assert "measuring the GPU's ceilings failed" in other_driver["error"]
+    cache, = (tmp_path / "state").glob("ceilings-gpu*.json")
+    cache.write_text('{"key": "NVIDIA H200|580.1", "meas')  # torn
+    (job2 := tmp_path / "job2").mkdir()
+    assert "measuring the GPU's ceilings failed" in pipeline()._device_ceilings(job2, h200, [])["error"]
