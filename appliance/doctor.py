@@ -102,8 +102,12 @@ def _torch() -> Check:
                                        f"Python {platform.python_version()}")
 
 
+def _gpu_nodes() -> list[str]:
+    return sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+
+
 def _gpu() -> Check:
-    nodes = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+    nodes = _gpu_nodes()
     if not nodes:
         return Check("GPU", True, "no NVIDIA GPU device nodes: evaluations run on the CPU (Triton interpreter), "
                                   "timings labelled CPU", required=False)
@@ -123,7 +127,7 @@ def _jobs_dir(path: Path, gpu_host: bool | None = None) -> Check:
     if in_memory(path):
         return Check("jobs dir", True, f"{path} (tmpfs: inputs and outputs move by DMA from pages locked in place)",
                      required=False)
-    if not (any(Path("/dev").glob("nvidia[0-9]*")) if gpu_host is None else gpu_host):
+    if not (bool(_gpu_nodes()) if gpu_host is None else gpu_host):
         return Check("jobs dir", True, f"{path} (not a tmpfs; no GPU here, so nothing is copied to one)",
                      required=False)
     return Check("jobs dir", False, f"{path} is not on a tmpfs: each evaluation writes and reads gigabytes there, "

@@ -219,7 +219,7 @@ class Pipeline:
         first prepare on a GPU also measures the GPU's ceilings, in the same exclusive process, unless they are cached
         (a cache of another GPU model or driver is measured again by _measure_ceilings)."""
         s = self.settings
-        cache = self._ceilings_key({})[1]
+        cache = self._ceilings_cache()
         ceilings = task_spec["device"] == "cuda" and self._ceilings is None and not (cache and cache.is_file())
 
         def run(with_ceilings: bool) -> dict:
@@ -403,15 +403,12 @@ class Pipeline:
         with self._ceilings_lock:
             return self._measure_ceilings(job, environment, turns)
 
-    def _ceilings_key(self, environment: dict) -> tuple[str, Path | None]:
-        """The cached ceilings' key (GPU model and driver) and cache file."""
-        key = f"{environment.get('gpu')}|{environment.get('driver')}"
-        cache = (self.settings.state_dir / f"ceilings-gpu{self.jail.gpu}.json") if self.settings.state_dir else None
-        return key, cache
+    def _ceilings_cache(self) -> Path | None:
+        return (self.settings.state_dir / f"ceilings-gpu{self.jail.gpu}.json") if self.settings.state_dir else None
 
     def _keep_ceilings(self, measured: dict, environment: dict) -> None:
-        key, cache = self._ceilings_key(environment)
-        self._ceilings = measured | {"key": key}
+        cache = self._ceilings_cache()
+        self._ceilings = measured | {"key": _ceilings_key(environment)}
         if cache:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(".tmp")
@@ -420,7 +417,7 @@ class Pipeline:
 
     def _measure_ceilings(self, job: Path, environment: dict, turns: list[dict]) -> dict | None:
         """Where prepare did not measure them (it failed to, or ran before this GPU's driver changed)."""
-        key, cache = self._ceilings_key(environment)
+        key, cache = _ceilings_key(environment), self._ceilings_cache()
         if self._ceilings is None and cache and cache.is_file():
             cached = read_result(cache)  # unreadable: measured again
             self._ceilings = cached if cached and cached.get("key") == key else None
@@ -590,6 +587,11 @@ def _read_text(path: Path, limit: int) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def _ceilings_key(environment: dict) -> str:
+    """Cached ceilings hold for one GPU model and driver."""
+    return f"{environment.get('gpu')}|{environment.get('driver')}"
 
 
 def read_result(path: Path) -> dict | None:
