@@ -2,12 +2,16 @@
 """The way common public harnesses evaluate a candidate (KernelBench-style), as a throughput baseline.
 
     python benchmarks/naive_harness.py --task benchmarks/tasks/softmax.py [--device auto] [--mode small|full]
-                                       [--gpu 0] CANDIDATE.py...
+                                       [--gpu 0] [--inputs cpu|device] CANDIDATE.py...
 
 Candidates are evaluated one after another, each in a fresh Python process: import the task and the candidate
 from their files, build Model and ModelNew with the same seed, 5 correctness trials on fresh get_inputs()
 (torch.allclose), then 100 timed calls of ModelNew (CUDA events on a GPU, perf_counter on the CPU). Prints the
 wall time per candidate (process start to exit) and candidates per hour.
+
+--inputs cpu (the default) draws each trial's inputs as KernelBench's eval does: get_inputs() as the task wrote
+it (on the CPU), then copied to the device. --inputs device draws them on the device instead (get_inputs() under
+`with device:`), which is faster and favours this baseline.
 
 UNJAILED: candidates run in plain processes with this user's rights. That is fine here only because the inputs
 are our own baseline variants (the appliance's tuner rewrites of benchmarks/baselines); never feed it untrusted code.
@@ -57,9 +61,11 @@ def worker(spec: dict) -> dict:
 
     def inputs(seed: int) -> list:
         torch.manual_seed(seed)
-        # Drawn on the device: KernelBench draws on the CPU and copies, which is slower; we favour the baseline.
-        with device:
-            xs = task.get_inputs()
+        if spec["inputs"] == "device":
+            with device:
+                xs = task.get_inputs()
+        else:  # KernelBench: drawn where get_inputs puts them, then moved
+            xs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in task.get_inputs()]
         return [x.to(dtype) if dtype and isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
 
     def outputs(result) -> list:
@@ -96,8 +102,11 @@ def worker(spec: dict) -> dict:
 
 
 def run_candidates(task_path: Path, files: list[Path], device: str = "auto", mode: str | None = None,
-                   gpu: int = 0, timeout_s: float = 600.0, log=print) -> dict:
-    """Evaluate `files` serially, one fresh process each; wall time is measured around each process."""
+                   gpu: int = 0, timeout_s: float = 600.0, log=print, inputs: str = "cpu") -> dict:
+    """Evaluate `files` serially, one fresh process each; wall time is measured around each process. `inputs`:
+    where each trial's inputs are drawn ("cpu" as KernelBench does, or "device")."""
+    if inputs not in ("cpu", "device"):
+        raise ValueError(f"inputs must be 'cpu' or 'device', not {inputs!r}")
     sys.path.insert(0, str(REPO))
     from appliance.evaluation.pipeline import resolve_device
     from appliance.tasks import load_task
@@ -116,7 +125,7 @@ def run_candidates(task_path: Path, files: list[Path], device: str = "auto", mod
         env["TRITON_CACHE_DIR"] = cache
         for path in files:
             spec = {"task": str(Path(task_path).resolve()), "candidate": str(Path(path).resolve()), "device": device,
-                    "sizes": sizes, "dtype": task.manifest.dtype}
+                    "sizes": sizes, "dtype": task.manifest.dtype, "inputs": inputs}
             t0 = time.perf_counter()
             try:
                 proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=env,
@@ -130,9 +139,9 @@ def run_candidates(task_path: Path, files: list[Path], device: str = "auto", mod
             total += wall
             results.append(result | {"candidate": str(path), "wall_s": round(wall, 2)})
             verdict = f"correct, {result['median_ms']:.4g} ms" if result["correct"] else f"failed: {result['error']}"
-            log(f"naive: {Path(path).name}: {wall:.1f} s, {verdict}")
+            log(f"naive (inputs on {inputs}): {Path(path).name}: {wall:.1f} s, {verdict}")
     per_hour = len(files) / (total / 3600) if total else None
-    return {"device": device, "sizes": sizes, "candidates": len(files), "wall_s": round(total, 1),
+    return {"device": device, "inputs": inputs, "sizes": sizes, "candidates": len(files), "wall_s": round(total, 1),
             "per_hour": per_hour, "results": results}
 
 
@@ -149,10 +158,11 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--mode", choices=("small", "full"))
     parser.add_argument("--gpu", type=int, default=0)
+    parser.add_argument("--inputs", choices=("cpu", "device"), default="cpu")
     parser.add_argument("candidates", type=Path, nargs="+")
     args = parser.parse_args()
     summary = run_candidates(args.task, args.candidates, args.device, args.mode, args.gpu,
-                             log=lambda line: print(line, flush=True))
+                             log=lambda line: print(line, flush=True), inputs=args.inputs)
     print(f"{summary['candidates']} candidates in {summary['wall_s']} s on {summary['device']}: "
           f"{summary['per_hour']:.0f} candidates per hour")
     return 0

@@ -9,7 +9,8 @@ For each task: `appliance optimize benchmarks/tasks/T.py --proposer tune --json`
 (DIR/T-*), then the seed's and the best's stored timings (`appliance show ID --json`). One Markdown row per task,
 printed as soon as the task is done (also appended to DIR/results.md). --compare-naive evaluates the same candidate
 sources with benchmarks/naive_harness.py (KernelBench-style: one fresh process per candidate, main shape only)
-and shows both throughputs. Evaluations per GPU-hour = evaluated / (wall hours x GPUs used), start-up included;
+and shows both throughputs: the naive harness once with its inputs drawn on the CPU and copied, as KernelBench's
+eval does, and once drawn on the device (faster: it favours the baseline); --naive-inputs picks either. Evaluations per GPU-hour = evaluated / (wall hours x GPUs used), start-up included;
 steady evaluations per hour: all GPUs together, over the middle half of the verdicts (see steady_rate). The naive
 harness uses one GPU (the first of --gpus).
 """
@@ -36,7 +37,8 @@ from benchmarks.naive_harness import run_candidates  # noqa: E402
 
 COLUMNS = ["task", "evaluated", "seed ms -> best ms", "best vs eager", "best vs torch.compile", "best roofline %",
            "best's change", "wall s", "evals / GPU-h", "steady evals / h", "evals per GPU"]
-NAIVE_COLUMNS = ["naive evals / GPU-h", "appliance / naive"]
+NAIVE_COLUMNS = {"cpu": ["naive evals / GPU-h (inputs drawn on CPU)", "appliance / naive (CPU inputs)"],
+                 "device": ["naive evals / GPU-h (inputs drawn on GPU)", "appliance / naive (GPU inputs)"]}
 
 
 def appliance(home: Path, *args: str) -> dict:
@@ -210,11 +212,17 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
             path.parent.mkdir(exist_ok=True)
             path.write_text(source)
             files.append(path)
-        naive = run_candidates(REPO / "benchmarks/tasks" / f"{name}.py", files, device,
-                               gpu=int(args.gpus.split(",")[0]), log=lambda line: print(line, file=sys.stderr))
-        ratio = per_gpu_hour / naive["per_hour"] if naive["per_hour"] else None
-        row += [fmt(naive["per_hour"], ".0f"), fmt(ratio, ".2f", "x")]
+        for inputs in naive_inputs(args):
+            naive = run_candidates(REPO / "benchmarks/tasks" / f"{name}.py", files, device,
+                                   gpu=int(args.gpus.split(",")[0]), log=lambda line: print(line, file=sys.stderr),
+                                   inputs=inputs)
+            ratio = per_gpu_hour / naive["per_hour"] if naive["per_hour"] else None
+            row += [fmt(naive["per_hour"], ".0f"), fmt(ratio, ".2f", "x")]
     return row
+
+
+def naive_inputs(args) -> list[str]:
+    return [i.strip() for i in args.naive_inputs.split(",")] if args.compare_naive else []
 
 
 def main() -> int:
@@ -227,6 +235,8 @@ def main() -> int:
     parser.add_argument("--compare-naive", action="store_true")
     parser.add_argument("--naive-max", type=int, help="--compare-naive on at most this many of the run's candidates "
                         "(its rate is per candidate; fits a time slot)")
+    parser.add_argument("--naive-inputs", default="cpu,device", help="with --compare-naive: where the naive "
+                        "harness draws inputs, cpu (as KernelBench), device, or both (default)")
     parser.add_argument("--in-flight", type=int, help="evaluations in flight per device (default: the CLI's)")
     parser.add_argument("--executor", help="e.g. a Ray cluster's GCS address HOST:PORT (default: local workers on --gpus)")
     parser.add_argument("--out", type=Path, help="where run databases and results.md go (default: a temp dir)")
@@ -240,7 +250,9 @@ def main() -> int:
     device = resolve_device(args.device)  # resolved once, so the appliance and the naive harness agree
     out = args.out or Path(tempfile.mkdtemp(prefix="optimize-suite-"))
     out.mkdir(parents=True, exist_ok=True)
-    columns = COLUMNS + (NAIVE_COLUMNS if args.compare_naive else [])
+    if not set(naive_inputs(args)) <= set(NAIVE_COLUMNS):
+        parser.error(f"--naive-inputs: cpu, device or both, not {args.naive_inputs!r}")
+    columns = COLUMNS + [c for inputs in naive_inputs(args) for c in NAIVE_COLUMNS[inputs]]
     where = f"executor {args.executor}" if args.executor else f"gpus {args.gpus if device == 'cuda' else '-'}"
     header = (f"\nOptimisation loop on {device} ({where}), tuner, "
               f"--max-candidates {args.max_candidates}; run databases under {out}\n\n"

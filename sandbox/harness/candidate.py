@@ -24,7 +24,7 @@ from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
 from sandbox.harness.timing import time_calls
-from sandbox.harness.transfer import (Staging, create_output_file, in_memory, output_name,
+from sandbox.harness.transfer import (Staging, create_output_file, in_memory, output_name, PinInBackground,
                                       preallocate_output_files)
 
 
@@ -95,14 +95,18 @@ def run(spec: dict) -> dict:
     launches = Launches()
     launches.install()  # before the candidate is imported: its load_inline modules get counted too
     watch = Watch()
+    # The saved inputs are mapped and their pages locked (Staging.pin, seconds per GiB) in a thread while the
+    # candidate's module loads, which is mostly Python's work: the two overlap instead of adding up.
+    staging = Staging(spec["device"], pin_files=in_memory(spec["inputs_dir"], spec["outputs_dir"]))
+    saved_sets = [(shape, seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",
+                                           weights_only=True, mmap=True, map_location="cpu"))
+                  for shape in spec["shapes"] for seed in spec["seeds"]]
+    pinning = PinInBackground(staging, [a for _, _, saved in saved_sets for a in saved["args"]])
     try:
-        module = load_module(path, "candidate")
-    except BaseException as exc:  # noqa: BLE001 - SystemExit from the candidate is a load failure too
-        raise _failure(exc, "load", "while importing", path) from None
-    model_cls = getattr(module, "ModelNew", None)
-    if model_cls is None or not isinstance(model_cls, type):
-        raise CandidateFailure("load_error", "load", "candidate defines no class ModelNew (KernelBench convention)")
-    _check_untampered(watch, "load", "while importing")
+        model_cls = _load_model_class(path, watch)
+    except BaseException:
+        pinning.cancel()
+        raise
     stages.done("load")
 
     device = spec["device"]
@@ -114,18 +118,11 @@ def run(spec: dict) -> dict:
     #    a copy of its inputs: JIT compilation and autotuning stay out of the measuring turn. While Triton compiles,
     #    the shared turn is lent back, so that it does not hold off other measurements.
     lend_turns_while_compiling()
-    staging = Staging(device, pin_files=in_memory(spec["inputs_dir"], spec["outputs_dir"]))
     allocating = preallocate_output_files(Path(spec["outputs_dir"]), spec.get("output_bytes", {}))
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
-    saved_sets = [(shape, seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",
-                                           weights_only=True, mmap=True, map_location="cpu"))
-                  for shape in spec["shapes"] for seed in spec["seeds"]]
     sets_by_shape: dict[str, list] = {shape["name"]: [] for shape in spec["shapes"]}
-    stages.done("read_inputs")
-    for _, _, saved in saved_sets:  # the mapped files' pages locked in place now, so the uploads are DMAs alone
-        for a in saved["args"]:
-            staging.pin(a)
-    stages.done("pin_inputs")
+    pinning.wait()  # the mapped files' pages locked in place, so the uploads are DMAs alone
+    stages.done("pin_inputs")  # what locking took beyond the load
     for batch in turn_batches(saved_sets, lambda item: tensor_bytes(item[2]["args"])):
         with device_turn(shared=True):
             stages.done("wait_for_device")
@@ -218,6 +215,18 @@ def _save_outputs(to_save: list, outputs_dir: Path, staging: Staging, sync) -> N
             sync()
         batch.clear()
     staging.unpin()
+
+
+def _load_model_class(path: str, watch: Watch) -> type:
+    try:
+        module = load_module(path, "candidate")
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from the candidate is a load failure too
+        raise _failure(exc, "load", "while importing", path) from None
+    model_cls = getattr(module, "ModelNew", None)
+    if model_cls is None or not isinstance(model_cls, type):
+        raise CandidateFailure("load_error", "load", "candidate defines no class ModelNew (KernelBench convention)")
+    _check_untampered(watch, "load", "while importing")
+    return model_cls
 
 
 def _first_call(model, args: list, shape: dict, device: str, sync, path: str) -> None:

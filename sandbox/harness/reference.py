@@ -14,6 +14,7 @@ import math
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -226,12 +227,25 @@ def check(spec: dict) -> dict:
     measurements go ahead."""
     t_start = time.perf_counter()
     task = _load_task(spec)
-    t_ready = time.perf_counter()
-    if spec.get("go_file") and not _told_to_go(Path(spec["go_file"]), Path(spec["stop_file"])):
-        return {"status": "cancelled"}
-    t0 = time.perf_counter()
     files = _Files(spec)
-    stages = {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3)}
+    t_ready = time.perf_counter()
+    # While the candidate runs, the saved inputs' pages are locked (the longest part of opening a case's files):
+    # once the candidate is done, only its outputs are left to open.
+    to_pin, pinning_s = files.all_inputs(), [0.0]
+
+    def pin_next() -> bool:
+        t = time.perf_counter()
+        if to_pin:
+            files.staging.pin(to_pin.pop(), keep=True)
+        pinning_s[0] += time.perf_counter() - t
+        return bool(to_pin)
+
+    if spec.get("go_file") and not _told_to_go(Path(spec["go_file"]), Path(spec["stop_file"]), meanwhile=pin_next):
+        return {"status": "cancelled"}
+    waited = time.perf_counter() - t_ready - pinning_s[0]
+    while pin_next():  # without a go file, or told to go before all were locked
+        pass
+    stages = {"start": t_ready - t_start, "pin_inputs": pinning_s[0], "wait_for_candidate": waited}
     result = _check(spec, files, task, stages)
     return result | {"stage_s": {k: round(v, 3) for k, v in stages.items()} | {"cpu_s": cpu_seconds()}}
 
@@ -247,13 +261,17 @@ def _case_turn(stages: dict):
     stages["compare"] = stages.get("compare", 0.0) + time.perf_counter() - t1
 
 
-def _told_to_go(go: Path, stop: Path) -> bool:
+def _told_to_go(go: Path, stop: Path, meanwhile: Callable[[], object]) -> bool:
+    """Wait for `go` (True) or `stop` (False), calling `meanwhile` between looks until it returns something false."""
+    busy = True
     while True:
         if go.exists():
             return True
         if stop.exists():
             return False
-        time.sleep(0.01)
+        busy = busy and meanwhile()
+        if not busy:
+            time.sleep(0.01)
 
 
 class _Files:
@@ -273,6 +291,11 @@ class _Files:
         if path not in self._inputs:
             self._inputs[path] = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
         return self._inputs[path]
+
+    def all_inputs(self) -> list:
+        """Every saved input tensor the cases will upload (the inputs of each shape and seed)."""
+        return [a for shape in self.spec["shapes"] for seed in self.spec["seeds"]
+                for a in self.inputs(shape["name"], seed)["args"]]
 
     def output(self, shape: str, name: str) -> OutputRecord:
         """The record of output file pair `name` of `shape`; ValueError says what is wrong with it."""

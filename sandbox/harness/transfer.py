@@ -56,14 +56,16 @@ class Staging:
         self._buffers: list = []  # page-locked uint8 tensors, allocated on first use
         self._events: list = [None, None]  # the last DMA that used each buffer
         self._pinned: dict[int, int] = {}  # page-locked in place (`pin`): first page's address -> end address
+        self._kept: set[int] = set()  # first pages of spans pinned with keep=True: `unpin` leaves them
         self.pinned_bytes = 0  # in all, for the stages' record and the tests
 
     # -- page-locking host memory where it lies ---------------------------------------------------------------
-    def pin(self, value, read_only: bool = True) -> bool:
+    def pin(self, value, read_only: bool = True, keep: bool = False) -> bool:
         """Page-lock the whole pages inside host tensor `value` (a memory-mapped file's), outside any turn, so that
         `upload`/`download` move them by DMA alone. `read_only`: the memory is only read from (a read-only or
-        private mapping: its pages are locked without being copied on write). False where nothing was locked: the
-        copy is then staged."""
+        private mapping: its pages are locked without being copied on write). `keep`: locked for the process's
+        life (inputs used by every case), not unlocked by `unpin`. False where nothing was locked: the copy is then
+        staged."""
         import torch
 
         if not self.pin_files or self.device != "cuda" or not isinstance(value, torch.Tensor) \
@@ -83,19 +85,23 @@ class Staging:
         if lib is None or end <= start or lib.cuMemHostRegister_v2(start, end - start, flags) != 0:
             return False
         self._pinned[start] = end
+        if keep:
+            self._kept.add(start)
         self.pinned_bytes += end - start
         return True
 
     def unpin(self) -> None:
-        """Unlock everything `pin` locked, once the device is done with it (waits for the device)."""
-        if not self._pinned:
+        """Unlock what `pin` locked (but what it was told to keep), once the device is done with it (waits for the
+        device)."""
+        spans = [start for start in self._pinned if start not in self._kept]
+        if not spans:
             return
         import torch
 
         torch.cuda.synchronize()
-        for start in self._pinned:
+        for start in spans:
             _driver().cuMemHostUnregister(start)
-        self._pinned.clear()
+            del self._pinned[start]
 
     def _pinned_span(self, start: int, end: int) -> tuple[int, int] | None:
         """The locked range that holds the whole pages of [start, end), if one does."""
@@ -182,6 +188,36 @@ class Staging:
             self._events[j].synchronize()
             self._events[j] = None
         return self._buffers[j]
+
+
+class PinInBackground:
+    """`staging.pin` each of `tensors` in a thread (the driver's work releases the GIL), e.g. while Python imports.
+    Nothing else may use `staging` until `wait` (which raises what the thread raised) or `cancel` returned."""
+
+    def __init__(self, staging: Staging, tensors: list):
+        self._failed: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pin_all, args=(staging, tensors), daemon=True, name="pin")
+        self._thread.start()
+
+    def _pin_all(self, staging: Staging, tensors: list) -> None:
+        try:
+            for t in tensors:
+                if self._stop.is_set():
+                    return
+                staging.pin(t)
+        except BaseException as exc:  # noqa: BLE001 - raised in the waiting thread
+            self._failed.append(exc)
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._failed:
+            raise self._failed[0]
+
+    def cancel(self) -> None:
+        """Stop after the tensor being locked: a process must not exit while the driver is inside a call."""
+        self._stop.set()
+        self._thread.join()
 
 
 def in_memory(*paths) -> bool:

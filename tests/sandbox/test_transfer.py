@@ -119,6 +119,46 @@ def test_pinned_files_move_by_dma_and_keep_every_byte():
     shutil.rmtree(tmp_path)
 
 
+@pytest.mark.gpu
+def test_pins_made_in_the_background_and_kept_pins_survive_unpin():
+    """The candidate locks its inputs in a thread while its module loads; the check keeps its inputs locked across
+    cases (keep=True) while each case's outputs are unlocked after its turn."""
+    import tempfile
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    torch.save({"args": [torch.randn(1 << 21), torch.randn(1 << 21)]}, tmp_path / "set.pt")
+    a, b = torch.load(tmp_path / "set.pt", weights_only=True, mmap=True, map_location="cpu")["args"]
+    staging = Staging("cuda")
+    transfer.PinInBackground(staging, [a]).wait()
+    assert staging._pinned_span(a.data_ptr(), a.data_ptr() + a.numel() * 4), "the thread locked nothing"
+    assert staging.pin(b, keep=True)
+    staging.unpin()
+    assert staging._pinned_span(a.data_ptr(), a.data_ptr() + a.numel() * 4) is None
+    assert staging._pinned_span(b.data_ptr(), b.data_ptr() + b.numel() * 4), "a kept pin was unlocked"
+    assert torch.equal(staging.upload(b).cpu(), b)
+    shutil.rmtree(tmp_path)
+
+
+def test_background_pinning_reports_its_failure_and_can_be_cancelled():
+    class Refusing:
+        def __init__(self):
+            self.calls = 0
+
+        def pin(self, value):
+            self.calls += 1
+            raise RuntimeError("driver gone")
+
+    refusing = Refusing()
+    pinning = transfer.PinInBackground(refusing, [1, 2])
+    with pytest.raises(RuntimeError, match="driver gone"):
+        pinning.wait()
+    assert refusing.calls == 1  # stopped at the first failure
+    cancelled = transfer.PinInBackground(Staging("cpu"), [torch.zeros(4)] * 1000)
+    cancelled.cancel()  # returns once the thread has stopped
+    assert not cancelled._thread.is_alive()
+
+
 def test_only_files_on_a_tmpfs_are_pinned(tmp_path):
     assert transfer.in_memory("/dev/shm") and not transfer.in_memory("/proc/self")
     assert not Staging("cuda", pin_files=False).pin(torch.zeros(1 << 22))
