@@ -117,7 +117,11 @@ def eval_(
                                 state_dir=s.home, profile=profile)
         if unsafe:
             err.print("[bold red]UNSAFE: --unsafe-no-jail: the candidate runs WITHOUT the jail.[/]")
-        outcome = Pipeline(jail, settings).evaluate(t, candidate)
+        pipeline = Pipeline(jail, settings)
+        try:
+            outcome = pipeline.evaluate(t, candidate)
+        finally:
+            pipeline.close()
         evaluation_id, run_id = _record(t, candidate, outcome, settings)
     except ApplianceError as e:
         _fail(e, as_json)

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.compile_screen import SCREEN_TIMEOUT_S
+from appliance.evaluation.job_folders import JobFolder, remove_tree
 from appliance.evaluation.pipeline import (PROFILE_MIN_GAIN, EvalSettings, Outcome, Pipeline, RemoteJail,
-                                           default_slots, evaluate_sent, remove_tree)
+                                           default_slots, evaluate_sent)
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 
@@ -211,7 +212,8 @@ class EvaluationWorker:
         # evaluations here may have beaten it. Profiling each of those would hold the device ~10 s apiece.
         self.best_profiled, self.profile_lock = 0.0, threading.Lock()
         self.host = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
-        self.dir = Path(tempfile.mkdtemp(prefix="ray-worker-", dir=local.jobs_dir))
+        self.folder = JobFolder(local.jobs_dir)  # the sources sent here (the pipeline has a folder of its own)
+        self.dir = self.folder.path
         self.tasks = RebuiltTasks(self.dir / "task")
 
     def ready(self) -> str:
@@ -260,7 +262,7 @@ class EvaluationWorker:
 
     def close(self) -> None:
         self.pipeline.close()
-        remove_tree(self.dir)
+        self.folder.release()
 
 
 # --- compile-only work on CPU-only nodes (appliance/evaluation/compile_screen.py) ---
@@ -313,12 +315,13 @@ class CompileWorker:
         from sandbox.jail import Jail
 
         jobs = Settings.load().jobs_dir
-        self.dir = Path(tempfile.mkdtemp(prefix="ray-screen-", dir=jobs))
+        self.folder = JobFolder(jobs)
+        self.dir = self.folder.path
         self.compile_screen = CompileScreen(Jail(unsafe_no_jail=unsafe), self.dir / "jobs", arch, slots)
         self.tasks = RebuiltTasks(self.dir / "task")
 
     def close(self) -> None:
-        remove_tree(self.dir)
+        self.folder.release()
 
     def screen(self, files: dict, source: str, display_path: str) -> Outcome | None:
         path = Path(tempfile.mkdtemp(prefix="candidate-", dir=self.dir)) / Path(display_path).name

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
-from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent, remove_tree
+from appliance.evaluation.job_folders import JobFolder
+from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
@@ -129,12 +130,13 @@ class WorkerServer:
     def serve(self, parent: int | None = None) -> None:
         self.jail.check()  # fail closed now, not on the first candidate (JailUnavailable: the caller says why)
         claim_socket(self.path, self.key, self.log)
-        self.dir = Path(tempfile.mkdtemp(prefix=f"worker-{label(self.gpu)}-", dir=self.jobs_dir))
+        folder = JobFolder(self.jobs_dir)  # swept by the next worker if this one is killed
+        self.dir = folder.path
         self.tasks = RebuiltTasks(self.dir / "task")
         try:
             listener = Listener(str(self.path), "AF_UNIX", backlog=64)  # the handshake is per connection, below
         except OSError as e:
-            remove_tree(self.dir)
+            folder.release()
             raise InfrastructureError(f"cannot listen on {self.path}: {e}") from None
         os.chmod(self.path, 0o600)
 
@@ -169,7 +171,7 @@ class WorkerServer:
                 self.idle.wait_for(lambda: self.in_flight == 0)
             for p in self.pipelines.values():
                 p.close()
-            remove_tree(self.dir)
+            folder.release()
             self.log("stopped")
 
     def _watch_parent(self, parent: int) -> None:

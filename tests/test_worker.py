@@ -91,9 +91,11 @@ def test_a_worker_killed_mid_evaluation_fails_that_evaluation_and_its_restart_se
         os.kill(first, signal.SIGKILL)
         with pytest.raises(InfrastructureError, match=r"died mid-evaluation \(killed by SIGKILL\); it is started again"):
             hanging.result(timeout=60)
+    assert list((home / "jobs").glob(f"appliance-jobs-{first}-*")), "the killed worker left no folder behind"
     outcome = pipeline.evaluate(task, candidate("good"))
     assert outcome.verdict == "pass", outcome.reason
     assert outcome.details["worker_pid"] == supervisor.workers[None].proc.pid != first
+    assert not list((home / "jobs").glob(f"appliance-jobs-{first}-*"))  # swept by the worker started after it
 
 
 def test_a_unit_worker_that_goes_away_is_replaced_by_a_child_of_the_supervisor(supervisor, home, softmax_task):

@@ -18,7 +18,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from appliance.evaluation.pipeline import Outcome, read_result, remove_tree
+from appliance.evaluation.job_folders import remove_tree
+from appliance.evaluation.pipeline import Outcome, read_result
 from appliance.tasks import Task
 from sandbox.jail import Jail
 

@@ -29,6 +29,7 @@ from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
+from appliance.evaluation.job_folders import JobFolder, remove_tree
 from appliance.tasks import RebuiltTasks, Task
 from sandbox.gate import DeviceGate
 from sandbox.harness.transfer import DTYPE_BYTES, RECORD_MAX_BYTES, output_file_limit, output_name
@@ -121,6 +122,7 @@ class Pipeline:
 
             meter = EnergyMeter(jail.gpu)
         self.gate = DeviceGate(energy_meter=meter, memory_bytes=_memory_budget(jail.gpu))
+        self.folder = JobFolder(settings.jobs_dir)  # this pipeline's job folders, swept if its process is killed
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
         self._prepared_ahead: dict[str, tuple[float, list[dict]]] = {}  # key -> (wall s, device turns) not yet charged
@@ -131,10 +133,11 @@ class Pipeline:
         self.profile_if: Callable[[float | None], bool] | None = None
 
     def close(self) -> None:
-        """Remove the inputs kept for reuse."""
+        """Remove the inputs kept for reuse, and this pipeline's folder."""
         for inputs_dir, _ in self._prepared.values():
             shutil.rmtree(inputs_dir, ignore_errors=True)
         self._prepared.clear()
+        self.folder.release()
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
         s = self.settings
@@ -158,7 +161,8 @@ class Pipeline:
                                                 f"{', '.join(task.manifest.backends)}"),
                            details={"backends": backends})
 
-        job = Path(tempfile.mkdtemp(prefix="eval-", dir=s.jobs_dir))
+        # A kept job folder goes beside the pipeline's (which goes with the pipeline), for the user to read.
+        job = Path(tempfile.mkdtemp(prefix="eval-", dir=self.folder.root if s.keep_job_dir else self.folder.path))
         try:
             return self._run(task, candidate_path, job, device, mode, base, backends)
         finally:
@@ -197,8 +201,8 @@ class Pipeline:
                 wall["prepare"] = ahead_wall
                 turns.extend(ahead_turns)
                 return kept
-            inputs_dir = Path(tempfile.mkdtemp(prefix="inputs-", dir=s.jobs_dir))
-            reference = Path(tempfile.mkdtemp(prefix="prepare-", dir=s.jobs_dir))
+            inputs_dir = Path(tempfile.mkdtemp(prefix="inputs-", dir=self.folder.path))
+            reference = Path(tempfile.mkdtemp(prefix="prepare-", dir=self.folder.path))
             try:
                 shutil.copy(task.path, reference / "task.py")
                 spec = self._common_spec(task, device, mode) | {"task_file": str(reference / "task.py"),
@@ -705,15 +709,6 @@ def resident_estimate(inputs_dir: Path, spec: dict, prepared_shapes: list[dict])
     candidate = inputs + outputs + 2 * largest_set + 2 * largest_out + PROCESS_ALLOWANCE_BYTES
     check = int(largest_case) + CHECK_COMPARE_BYTES + PROCESS_ALLOWANCE_BYTES
     return candidate, check
-
-
-def remove_tree(path: Path) -> None:
-    """rm -rf for folders a candidate wrote into: shutil.rmtree recurses in Python (3.11), so a tree a few thousand
-    levels deep raises RecursionError, which ignore_errors does not cover; rm does not recurse on the stack."""
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    except RecursionError:
-        subprocess.run(["rm", "-rf", "--", str(path)], check=False)
 
 
 def _emptied(folder: Path) -> bool:

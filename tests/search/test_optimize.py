@@ -70,9 +70,12 @@ def test_a_run_killed_mid_evaluation_resumes_without_losing_or_repeating_work(ap
         proc.wait()
     first = rows(home, "SELECT id, candidate_id, created_at FROM evaluation ORDER BY id")
     assert len(first) >= 1
+    left = list((home / "jobs").glob(f"appliance-jobs-{proc.pid}-*"))
+    assert left and any(left[0].rglob("*.pt")), "the killed run left no job folder (with its inputs) behind"
 
     code, summary = optimize(appliance, "--resume", "1")
     assert code == 0, summary
+    assert list((home / "jobs").iterdir()) == []  # the killed run's folder swept, the resumed run's removed
     assert summary["evaluated"] == 4 and summary["status"] == "finished"
     after = rows(home, "SELECT id, candidate_id, created_at FROM evaluation ORDER BY id")
     assert after[: len(first)] == first  # finished evaluations kept as they were
