@@ -153,7 +153,7 @@ class Jail:
                    *self._bind_args(workdir, ro, rw), "--chdir", str(workdir),
                    "--clearenv", *[a for k, v in full_env.items() for a in ("--setenv", k, v)], "--", *argv]
             limits["seccomp"] = True
-        start = time.monotonic()
+        start, oom_kills = time.monotonic(), host_oom_kills()
         try:
             # bwrap gets the cleared environment too: it is PID 1 inside, and /proc/1/environ is readable there.
             proc = subprocess.Popen(cmd, cwd=workdir, env=full_env,
@@ -181,6 +181,11 @@ class Jail:
         events = cgroup.events() if cgroup else {}
         if cgroup:
             cgroup.remove()
+        now = host_oom_kills()
+        if oom_kills is not None and now is not None and now > oom_kills:
+            # The kernel killed something for want of memory while this ran: the likely reason for a SIGKILL that no
+            # limit of ours explains (the callers decide whose fault it is).
+            events["host_oom_kills"] = now - oom_kills
         return JailResult(
             returncode=proc.returncode, timed_out=timed_out, wall_s=time.monotonic() - start,
             stdout=out.text(), stderr=err.text(), jailed=not self.unsafe_no_jail,
@@ -268,6 +273,18 @@ class Jail:
 
 
 @functools.cache
+def host_oom_kills() -> int | None:
+    """The kernel's count of OOM kills on this host since boot (/proc/vmstat, Linux 4.13+), or None."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def gpu_identity(index: int) -> tuple[str, str]:
     """GPU `index` (nvidia-smi's numbering) as (its device node, what CUDA_VISIBLE_DEVICES must say in the jail).
     Only that GPU's node is bound into the jail, so CUDA there sees one device: "1" would name none (seen on a

@@ -293,6 +293,8 @@ class Pipeline:
             details["candidate_stderr"] = run.stderr[-4000:]
             details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
             failure = _candidate_failure(run, cand, s.candidate_timeout_s)
+            if failure and (why := _host_out_of_memory(run, failure)):
+                raise InfrastructureError(why)
             if failure and failure[0] in ("crashed", "runtime_error") and (
                     short := _no_room_for_outputs(dirs["outputs"], sum(cand_spec["output_bytes"].values()))):
                 raise InfrastructureError(f"the candidate failed ({failure[2][:200]}) while the host had no room for "
@@ -794,6 +796,19 @@ def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> 
     if result["status"] == "failed":
         return result["verdict"], result["stage"], result["reason"]
     return None
+
+
+def _host_out_of_memory(run: JailResult, failure: tuple[str, str, str]) -> str | None:
+    """Why a candidate's crash is the host's doing: killed by SIGKILL, which no limit of ours sent (a cgroup's
+    OOM kill is `memory_limit`, a timeout `timeout`), while the kernel's OOM killer fired on the host: the host ran
+    short of memory (everything in flight allocates), and the candidate was its victim. Queued again, not blamed; a
+    candidate that exhausts the host's memory itself fails again on its second try and is then recorded as an
+    infrastructure failure, never a pass (where cgroups apply, its own limit stops it first)."""
+    kills = run.limit_events.get("host_oom_kills")
+    if failure[0] != "crashed" or run.signal != signal.SIGKILL or not kills:
+        return None
+    return (f"the candidate was killed by SIGKILL at {failure[1]} while the host's OOM killer fired ({kills} kill(s) "
+            "during its run): the host ran out of memory, which is not the candidate's failure")
 
 
 def _signal_name(number: int) -> str:

@@ -288,6 +288,26 @@ def test_a_candidate_that_fails_while_the_host_has_no_room_for_outputs_is_not_bl
     pipeline.close()
 
 
+def test_a_candidate_killed_while_the_hosts_oom_killer_fired_is_not_blamed(softmax_task, tmp_path, monkeypatch):
+    """SIGKILL that no limit of ours sent, while the kernel's OOM kill count rose: the host ran out of memory (the
+    count is the kernel's, /proc/vmstat; a real host OOM is not provoked here, so it is made to rise)."""
+    from appliance.errors import InfrastructureError
+    from appliance.tasks import load_task
+    from sandbox import jail as jail_module
+
+    assert isinstance(jail_module.host_oom_kills(), int)  # this kernel keeps the count
+    pipeline = _pipeline(tmp_path, slots=1)
+    task = load_task(softmax_task)
+    outcome = pipeline.evaluate(task, candidate("killed"))
+    assert outcome.verdict == "crashed" and "SIGKILL" in outcome.reason, outcome.reason  # no OOM kill on the host
+    counts = iter(range(1000))
+    monkeypatch.setattr(jail_module, "host_oom_kills", lambda: next(counts))
+    with pytest.raises(InfrastructureError, match="the host's OOM killer fired"):
+        pipeline.evaluate(task, candidate("killed"))
+    assert pipeline.evaluate(task, candidate("segfaults")).verdict == "crashed"  # another signal stays its own
+    pipeline.close()
+
+
 def test_a_candidate_that_filled_the_disk_itself_is_still_to_blame(tmp_path):
     from appliance.evaluation.pipeline import _no_room_for_outputs
 
