@@ -24,14 +24,19 @@ from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
 from sandbox.harness.timing import time_calls
-from sandbox.harness.transfer import (Staging, create_output_file, in_memory, output_name, PinInBackground,
-                                      preallocate_output_files)
+from sandbox.harness.transfer import (OutputFiles, PinInBackground, Staging, create_output_file, in_memory,
+                                      output_name)
 
 
 class CandidateFailure(Exception):
     def __init__(self, verdict: str, stage: str, reason: str, info: dict | None = None):
         super().__init__(reason)
         self.verdict, self.stage, self.reason, self.info = verdict, stage, reason, info or {}
+
+
+# Threads of run() that call into the CUDA driver (locking pages): stopped before the process exits, whatever
+# ended the run; a process that exits while the driver is inside a call on another thread may hang in its teardown.
+_background: list = []
 
 
 def main(argv: list[str]) -> int:
@@ -43,6 +48,9 @@ def main(argv: list[str]) -> int:
         result = run(spec)
     except CandidateFailure as f:
         result = {"status": "failed", "verdict": f.verdict, "stage": f.stage, "reason": f.reason, **f.info}
+    finally:
+        for work in _background:
+            work.cancel()
     write_result(spec["result"], result)
     return 0
 
@@ -102,11 +110,8 @@ def run(spec: dict) -> dict:
                                            weights_only=True, mmap=True, map_location="cpu"))
                   for shape in spec["shapes"] for seed in spec["seeds"]]
     pinning = PinInBackground(staging, [a for _, _, saved in saved_sets for a in saved["args"]])
-    try:
-        model_cls = _load_model_class(path, watch)
-    except BaseException:
-        pinning.cancel()
-        raise
+    _background.append(pinning)
+    model_cls = _load_model_class(path, watch)
     stages.done("load")
 
     device = spec["device"]
@@ -118,7 +123,9 @@ def run(spec: dict) -> dict:
     #    a copy of its inputs: JIT compilation and autotuning stay out of the measuring turn. While Triton compiles,
     #    the shared turn is lent back, so that it does not hold off other measurements.
     lend_turns_while_compiling()
-    allocating = preallocate_output_files(Path(spec["outputs_dir"]), spec.get("output_bytes", {}))
+    outputs = OutputFiles(Path(spec["outputs_dir"]), spec.get("output_bytes", {}),
+                          Staging(device, pin_files=staging.pin_files))
+    _background.append(outputs)
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
     sets_by_shape: dict[str, list] = {shape["name"]: [] for shape in spec["shapes"]}
     pinning.wait()  # the mapped files' pages locked in place, so the uploads are DMAs alone
@@ -161,7 +168,10 @@ def run(spec: dict) -> dict:
                 to_save.append((output_name(shape["name"], seed), outs, {}))
                 del outs
 
-    # 3. With the device to itself: the timing loop.
+    # 3. With the device to itself: the timing loop. The output files' thread is done first: no driver calls of
+    #    ours run beside the measured ones.
+    outputs.wait()
+    stages.done("output_files")  # what making them ready took beyond the correctness calls
     _progress(spec, "timing")
     with device_turn():
         stages.done("wait_for_device")
@@ -184,8 +194,7 @@ def run(spec: dict) -> dict:
     # 4. Outputs written for the trusted check, then nothing of ours is left on the device: freed, and the gate told
     #    so, so that another evaluation may be admitted (sandbox/gate.py).
     del staged, timed_model, model, args
-    allocating.join()
-    _save_outputs(to_save, Path(spec["outputs_dir"]), staging, sync)
+    _save_outputs(to_save, Path(spec["outputs_dir"]), outputs, sync)
     del to_save
     if device == "cuda":
         gc.collect()  # tensors a model keeps in a reference cycle
@@ -196,12 +205,14 @@ def run(spec: dict) -> dict:
             "stage_s": stages.seconds | {"cpu_s": cpu_seconds()}}
 
 
-def _save_outputs(to_save: list, outputs_dir: Path, staging: Staging, sync) -> None:
+def _save_outputs(to_save: list, outputs_dir: Path, outputs: OutputFiles, sync) -> None:
     """Each (name, outputs, extra) of `to_save` written as an output file pair (sandbox/harness/transfer.py): the
-    files are created and mapped outside any turn, then the outputs downloaded straight into them, a batch of
+    files made ready and mapped outside any turn, then the outputs downloaded straight into them, a batch of
     files per shared turn, each batch's device copies let go once it is down."""
-    files = [(outs, create_output_file(outputs_dir, name, outs, extra)) for name, outs, extra in to_save]
-    for _, host in files:  # the files' pages locked in place: the downloads are DMAs alone
+    staging = outputs.staging
+    files = [(outs, create_output_file(outputs_dir, name, outs, extra, ready=outputs))
+             for name, outs, extra in to_save]
+    for _, host in files:  # the files' pages locked in place (most already were): the downloads are DMAs alone
         for dst in host:
             staging.pin(dst, read_only=False)
     batches = turn_batches(files, lambda item: tensor_bytes(item[0]))
@@ -214,7 +225,7 @@ def _save_outputs(to_save: list, outputs_dir: Path, staging: Staging, sync) -> N
                     staging.download(o, dst)
             sync()
         batch.clear()
-    staging.unpin()
+    outputs.close()
 
 
 def _load_model_class(path: str, watch: Watch) -> type:

@@ -36,6 +36,7 @@ def _watched() -> dict[str, object]:
         "statistics.median": (statistics, "median"), "timing.time_calls": (timing, "time_calls"),
         "timing.roll_inputs": (timing, "roll_inputs"), "common.write_result": (common, "write_result"),
         "torch.frombuffer": (torch, "frombuffer"), "transfer.create_output_file": (transfer, "create_output_file"),
+        "transfer.OutputFiles.take": (transfer.OutputFiles, "take"),
         "transfer.Staging.download": (transfer.Staging, "download"), "transfer.Staging._drain": (transfer.Staging, "_drain"),
         "transfer.Staging.upload": (transfer.Staging, "upload"),
         "transfer.Staging._direct": (transfer.Staging, "_direct"),

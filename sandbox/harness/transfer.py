@@ -283,48 +283,85 @@ def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def preallocate_output_files(outputs_dir: Path, sizes: dict[str, int]) -> threading.Thread:
-    """Allocate NAME.bin's pages for each expected NAME and size, in a thread: a tmpfs page costs its allocation
-    and zeroing on first use (~0.6 s per GiB on the H200's host), which the process can pay while it uploads,
-    compiles and waits for its turn rather than when it saves, holding its device memory. `create_output_file`
-    waits for the thread; where the outputs turn out to have other sizes, it resizes the file."""
+class OutputFiles:
+    """The candidate's output files, made ready in a thread from the start of its run: each expected NAME.bin
+    allocated (a tmpfs page costs its allocation and zeroing on first use, ~0.6 s per GiB on the H200's host),
+    mapped, and its pages locked in place by `staging` (Staging.pin, ~1 s per GiB with a dozen processes at it).
+    Saving the outputs, which happens while they hold device memory, is then a record and a DMA per output.
+    `staging` is the thread's alone until `wait` returned; outputs of another size than expected (a wrong shape)
+    get a file of their size from `create_output_file`."""
 
-    def allocate() -> None:
+    def __init__(self, outputs_dir: Path, sizes: dict[str, int], staging: Staging):
+        self.staging = staging
+        self._mapped: dict[str, object] = {}  # name -> flat uint8 tensor over NAME.bin's mapping
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._prepare, args=(outputs_dir, sizes), daemon=True, name="outputs")
+        self._thread.start()
+
+    def _prepare(self, outputs_dir: Path, sizes: dict[str, int]) -> None:
+        import torch
+
         for name, size in sizes.items():
+            if self._stop.is_set():
+                return
             try:
                 fd = os.open(outputs_dir / f"{name}.bin", os.O_RDWR | os.O_CREAT, 0o644)
             except OSError:
                 continue  # something else in its place: create_output_file reports it
             try:
-                if size:
-                    os.posix_fallocate(fd, 0, size)
+                if not size:
+                    continue
+                os.posix_fallocate(fd, 0, size)
+                mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
             except OSError:
-                pass  # no room, or a file system without it: the file is written the ordinary way
+                continue  # no room, or a file system without fallocate: written the ordinary way at the end
             finally:
                 os.close(fd)
+            flat = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps `mapped` alive
+            self.staging.pin(flat, read_only=False)
+            self._mapped[name] = flat
 
-    thread = threading.Thread(target=allocate, daemon=True)
-    thread.start()
-    return thread
+    def wait(self) -> None:
+        self._thread.join()
+
+    def cancel(self) -> None:
+        """Stop after the file in hand (see PinInBackground.cancel)."""
+        self._stop.set()
+        self._thread.join()
+
+    def take(self, name: str, total: int):
+        """NAME.bin's mapping if it was made ready with exactly `total` bytes, else None (after `wait`)."""
+        flat = self._mapped.get(name)
+        return flat if flat is not None and flat.numel() == total else None
+
+    def close(self) -> None:
+        """Unlock and unmap, once every download is done."""
+        self.staging.unpin()
+        self._mapped.clear()
 
 
-def create_output_file(outputs_dir: Path, name: str, outs: list, extra: dict | None = None):
+def create_output_file(outputs_dir: Path, name: str, outs: list, extra: dict | None = None,
+                       ready: OutputFiles | None = None):
     """Write NAME.json for device tensors `outs`, bring NAME.bin to its final size and map it with its pages in
-    place (outside any turn: a first write into a fresh page costs a fault). Returns each output's slice of the
-    mapping, a host uint8 tensor for `Staging.download`."""
+    place (outside any turn: a first write into a fresh page costs a fault), or use the mapping `ready` made of it
+    where that has the size. Returns each output's slice of the mapping, a host uint8 tensor for
+    `Staging.download`."""
     import torch
 
     record = {"outs": [{"dtype": dtype_name(o.dtype), "shape": list(o.shape)} for o in outs]} | (extra or {})
     (outputs_dir / f"{name}.json").write_text(json.dumps(record))
     sizes = [_nbytes(o) for o in outs]
     total = sum(sizes)
+    mapped = ready.take(name, total) if ready is not None and total else None
+    if mapped is not None:
+        return _slices(mapped, sizes)
     fd = os.open(outputs_dir / f"{name}.bin", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if os.fstat(fd).st_size != total:
             os.ftruncate(fd, total)
         if not total:
             return [torch.empty(0, dtype=torch.uint8) for _ in outs]
-        try:  # every page allocated before it is mapped (quick where preallocate_output_files did it)
+        try:  # every page allocated before it is mapped
             os.posix_fallocate(fd, 0, total)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:  # writing into the mapping would die of SIGBUS instead

@@ -30,13 +30,17 @@ def test_outputs_round_trip_through_their_files(tmp_path):
     assert (tmp_path / "main-0.bin").stat().st_size == 15 * 4 + 7 * 2 + 1 + 2 * 8
 
 
-def test_preallocated_files_are_resized_to_the_outputs_they_get(tmp_path):
-    """The expected sizes are allocated ahead; outputs of another size (a wrong shape) still round-trip."""
-    transfer.preallocate_output_files(tmp_path, {"a": 64, "b": 1 << 16}).join()
-    assert (tmp_path / "b.bin").stat().st_size == 1 << 16
-    _write(tmp_path, "a", [torch.ones(16)])  # as expected
-    _write(tmp_path, "b", [torch.ones(3)])  # smaller than expected
-    for name, n in (("a", 16), ("b", 3)):
+def test_output_files_made_ready_ahead_are_used_and_resized_to_the_outputs_they_get(tmp_path):
+    """The expected sizes are allocated and mapped ahead; outputs of another size (a wrong shape) still round-trip."""
+    ready = transfer.OutputFiles(tmp_path, {"a": 64, "b": 1 << 16, "c": 0}, Staging("cpu"))
+    ready.wait()
+    assert (tmp_path / "b.bin").stat().st_size == 1 << 16 and (tmp_path / "c.bin").stat().st_size == 0
+    for name, outs in (("a", [torch.ones(16)]), ("b", [torch.ones(3)]), ("c", [torch.ones(2)])):
+        for o, dst in zip(outs, create_output_file(tmp_path, name, outs, ready=ready)):
+            ready.staging.download(o, dst)
+    assert ready.take("a", 64) is not None and ready.take("b", 12) is None  # b got a file of its own size
+    ready.close()
+    for name, n in (("a", 16), ("b", 3), ("c", 2)):
         [back] = OutputRecord(tmp_path, name, 1 << 20).upload(Staging("cpu"))
         assert torch.equal(back, torch.ones(n))
 
@@ -121,8 +125,8 @@ def test_pinned_files_move_by_dma_and_keep_every_byte():
 
 @pytest.mark.gpu
 def test_pins_made_in_the_background_and_kept_pins_survive_unpin():
-    """The candidate locks its inputs in a thread while its module loads; the check keeps its inputs locked across
-    cases (keep=True) while each case's outputs are unlocked after its turn."""
+    """The candidate locks its inputs in a thread while its module loads, and its output files ahead; the check
+    keeps its inputs locked across cases (keep=True) while each case's outputs are unlocked after its turn."""
     import tempfile
     from pathlib import Path
 
@@ -136,7 +140,19 @@ def test_pins_made_in_the_background_and_kept_pins_survive_unpin():
     staging.unpin()
     assert staging._pinned_span(a.data_ptr(), a.data_ptr() + a.numel() * 4) is None
     assert staging._pinned_span(b.data_ptr(), b.data_ptr() + b.numel() * 4), "a kept pin was unlocked"
-    assert torch.equal(staging.upload(b).cpu(), b)
+    on_device = staging.upload(b)
+    assert torch.equal(on_device.cpu(), b)
+    # The candidate's output file, allocated, mapped and locked ahead; the download into it is a DMA.
+    ready = transfer.OutputFiles(tmp_path, {"out": b.numel() * 4}, Staging("cuda"))
+    ready.wait()
+    [dst] = create_output_file(tmp_path, "out", [on_device], ready=ready)
+    assert ready.staging._pinned_span(dst.data_ptr(), dst.data_ptr() + dst.numel()), "the output was not locked ahead"
+    ready.staging.download(on_device * 2, dst)
+    torch.cuda.synchronize()
+    ready.close()
+    del dst
+    [back] = OutputRecord(tmp_path, "out", 1 << 30).upload(Staging("cuda"))
+    assert torch.equal(back.cpu(), b * 2)
     shutil.rmtree(tmp_path)
 
 
