@@ -272,7 +272,6 @@ class Jail:
 
 
 
-@functools.cache
 def host_oom_kills() -> int | None:
     """The kernel's count of OOM kills on this host since boot (/proc/vmstat, Linux 4.13+), or None."""
     try:
@@ -285,6 +284,7 @@ def host_oom_kills() -> int | None:
     return None
 
 
+@functools.cache
 def gpu_identity(index: int) -> tuple[str, str]:
     """GPU `index` (nvidia-smi's numbering) as (its device node, what CUDA_VISIBLE_DEVICES must say in the jail).
     Only that GPU's node is bound into the jail, so CUDA there sees one device: "1" would name none (seen on a

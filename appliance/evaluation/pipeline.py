@@ -800,12 +800,16 @@ def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> 
 
 def _host_out_of_memory(run: JailResult, failure: tuple[str, str, str]) -> str | None:
     """Why a candidate's crash is the host's doing: killed by SIGKILL, which no limit of ours sent (a cgroup's
-    OOM kill is `memory_limit`, a timeout `timeout`), while the kernel's OOM killer fired on the host: the host ran
-    short of memory (everything in flight allocates), and the candidate was its victim. Queued again, not blamed; a
+    OOM kill is `memory_limit`, a timeout `timeout`), while the kernel's OOM killer fired on a host whose jobs run
+    without cgroups: the host ran short of memory (everything in flight allocates), and the candidate was its
+    victim. Queued again, not blamed; a
     candidate that exhausts the host's memory itself fails again on its second try and is then recorded as an
     infrastructure failure, never a pass (where cgroups apply, its own limit stops it first)."""
     kills = run.limit_events.get("host_oom_kills")
-    if failure[0] != "crashed" or run.signal != signal.SIGKILL or not kills:
+    # Only where no cgroup bounded the jobs: the kernel's count includes cgroup OOM kills, so beside cgroups a
+    # neighbour's `memory_limit` would excuse a candidate that killed itself.
+    caged = not str(run.limits.get("cgroup", "unavailable")).startswith("unavailable")
+    if failure[0] != "crashed" or run.signal != signal.SIGKILL or not kills or caged:
         return None
     return (f"the candidate was killed by SIGKILL at {failure[1]} while the host's OOM killer fired ({kills} kill(s) "
             "during its run): the host ran out of memory, which is not the candidate's failure")

@@ -103,14 +103,17 @@ def run(spec: dict) -> dict:
     launches = Launches()
     launches.install()  # before the candidate is imported: its load_inline modules get counted too
     watch = Watch()
-    # The saved inputs are mapped and their pages locked (Staging.pin, seconds per GiB) in a thread while the
-    # candidate's module loads, which is mostly Python's work: the two overlap instead of adding up.
+    # The saved inputs are mapped and their pages locked (Staging.pin, seconds per GiB), and the output files made
+    # ready, in threads while the candidate's module loads, which is mostly Python's work: they overlap instead of
+    # adding up.
     staging = Staging(spec["device"], pin_files=in_memory(spec["inputs_dir"], spec["outputs_dir"]))
     saved_sets = [(shape, seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",
                                            weights_only=True, mmap=True, map_location="cpu"))
                   for shape in spec["shapes"] for seed in spec["seeds"]]
     pinning = PinInBackground(staging, [a for _, _, saved in saved_sets for a in saved["args"]])
-    _background.append(pinning)
+    outputs = OutputFiles(Path(spec["outputs_dir"]), spec.get("output_bytes", {}),
+                          Staging(spec["device"], pin_files=staging.pin_files))
+    _background.extend([pinning, outputs])
     model_cls = _load_model_class(path, watch)
     stages.done("load")
 
@@ -123,13 +126,14 @@ def run(spec: dict) -> dict:
     #    a copy of its inputs: JIT compilation and autotuning stay out of the measuring turn. While Triton compiles,
     #    the shared turn is lent back, so that it does not hold off other measurements.
     lend_turns_while_compiling()
-    outputs = OutputFiles(Path(spec["outputs_dir"]), spec.get("output_bytes", {}),
-                          Staging(device, pin_files=staging.pin_files))
-    _background.append(outputs)
     _progress(spec, "correctness")  # the first call is where kernels compile; what fails there fails correctness
     sets_by_shape: dict[str, list] = {shape["name"]: [] for shape in spec["shapes"]}
+    # Both threads are done before any call of the candidate: a driver call of ours (a device-wide synchronise,
+    # a page-locking) beside a CUDA graph it captures would make the capture fail.
     pinning.wait()  # the mapped files' pages locked in place, so the uploads are DMAs alone
     stages.done("pin_inputs")  # what locking took beyond the load
+    outputs.wait()
+    stages.done("output_files")
     for batch in turn_batches(saved_sets, lambda item: tensor_bytes(item[2]["args"])):
         with device_turn(shared=True):
             stages.done("wait_for_device")
@@ -168,10 +172,7 @@ def run(spec: dict) -> dict:
                 to_save.append((output_name(shape["name"], seed), outs, {}))
                 del outs
 
-    # 3. With the device to itself: the timing loop. The output files' thread is done first: no driver calls of
-    #    ours run beside the measured ones.
-    outputs.wait()
-    stages.done("output_files")  # what making them ready took beyond the correctness calls
+    # 3. With the device to itself: the timing loop.
     _progress(spec, "timing")
     with device_turn():
         stages.done("wait_for_device")

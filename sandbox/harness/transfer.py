@@ -284,7 +284,7 @@ def dtype_name(dtype) -> str:
 
 
 class OutputFiles:
-    """The candidate's output files, made ready in a thread from the start of its run: each expected NAME.bin
+    """The candidate's output files, made ready in a thread while its module loads: each expected NAME.bin
     allocated (a tmpfs page costs its allocation and zeroing on first use, ~0.6 s per GiB on the H200's host),
     mapped, and its pages locked in place by `staging` (Staging.pin, ~1 s per GiB with a dozen processes at it).
     Saving the outputs, which happens while they hold device memory, is then a record and a DMA per output.
@@ -318,8 +318,11 @@ class OutputFiles:
             finally:
                 os.close(fd)
             flat = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps `mapped` alive
-            self.staging.pin(flat, read_only=False)
             self._mapped[name] = flat
+            try:
+                self.staging.pin(flat, read_only=False)
+            except Exception:  # noqa: BLE001 - not locked: the download is staged; the device's errors show later
+                pass
 
     def wait(self) -> None:
         self._thread.join()
