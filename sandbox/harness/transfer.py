@@ -190,24 +190,25 @@ class Staging:
         return self._buffers[j]
 
 
-class PinInBackground:
-    """`staging.pin` each of `tensors` in a thread (the driver's work releases the GIL), e.g. while Python imports.
-    Nothing else may use `staging` until `wait` (which raises what the thread raised) or `cancel` returned."""
+class _InBackground:
+    """Page-locking work in a thread (the driver's calls release the GIL), e.g. while Python imports: `wait`
+    joins it and raises what it raised; `cancel` stops it after the item in hand, so that a process does not exit
+    while the driver is inside a call. Subclasses do the work in `_work`, looking at `_stop` between items."""
 
-    def __init__(self, staging: Staging, tensors: list):
+    def __init__(self, *args):
         self._failed: list[BaseException] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._pin_all, args=(staging, tensors), daemon=True, name="pin")
+        self._thread = threading.Thread(target=self._run, args=args, daemon=True, name=type(self).__name__)
         self._thread.start()
 
-    def _pin_all(self, staging: Staging, tensors: list) -> None:
+    def _run(self, *args) -> None:
         try:
-            for t in tensors:
-                if self._stop.is_set():
-                    return
-                staging.pin(t)
+            self._work(*args)
         except BaseException as exc:  # noqa: BLE001 - raised in the waiting thread
             self._failed.append(exc)
+
+    def _work(self, *args) -> None:
+        raise NotImplementedError
 
     def wait(self) -> None:
         self._thread.join()
@@ -215,9 +216,22 @@ class PinInBackground:
             raise self._failed[0]
 
     def cancel(self) -> None:
-        """Stop after the tensor being locked: a process must not exit while the driver is inside a call."""
         self._stop.set()
         self._thread.join()
+
+
+class PinInBackground(_InBackground):
+    """`staging.pin` each of `tensors` in a thread. Nothing else may use `staging` until `wait` or `cancel`
+    returned."""
+
+    def __init__(self, staging: Staging, tensors: list):
+        super().__init__(staging, tensors)
+
+    def _work(self, staging: Staging, tensors: list) -> None:
+        for t in tensors:
+            if self._stop.is_set():
+                return
+            staging.pin(t)
 
 
 def in_memory(*paths) -> bool:
@@ -283,7 +297,7 @@ def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-class OutputFiles:
+class OutputFiles(_InBackground):
     """The candidate's output files, made ready in a thread while its module loads: each expected NAME.bin
     allocated (a tmpfs page costs its allocation and zeroing on first use, ~0.6 s per GiB on the H200's host),
     mapped, and its pages locked in place by `staging` (Staging.pin, ~1 s per GiB with a dozen processes at it).
@@ -294,11 +308,9 @@ class OutputFiles:
     def __init__(self, outputs_dir: Path, sizes: dict[str, int], staging: Staging):
         self.staging = staging
         self._mapped: dict[str, object] = {}  # name -> flat uint8 tensor over NAME.bin's mapping
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._prepare, args=(outputs_dir, sizes), daemon=True, name="outputs")
-        self._thread.start()
+        super().__init__(outputs_dir, sizes)
 
-    def _prepare(self, outputs_dir: Path, sizes: dict[str, int]) -> None:
+    def _work(self, outputs_dir: Path, sizes: dict[str, int]) -> None:
         import torch
 
         for name, size in sizes.items():
@@ -323,14 +335,6 @@ class OutputFiles:
                 self.staging.pin(flat, read_only=False)
             except Exception:  # noqa: BLE001 - not locked: the download is staged; the device's errors show later
                 pass
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def cancel(self) -> None:
-        """Stop after the file in hand (see PinInBackground.cancel)."""
-        self._stop.set()
-        self._thread.join()
 
     def take(self, name: str, total: int):
         """NAME.bin's mapping if it was made ready with exactly `total` bytes, else None (after `wait`)."""
