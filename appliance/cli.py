@@ -60,7 +60,10 @@ def main(
                                               help="SQLAlchemy database URL (env APPLIANCE_DB_URL; "
                                                    "default: SQLite file under APPLIANCE_HOME).")] = None,
 ) -> None:
-    state.settings = Settings.load(db)
+    try:
+        state.settings = Settings.load(db)
+    except ApplianceError as e:  # a setting the appliance cannot use: say which, before any command runs
+        _fail(e, as_json=False)
 
 
 def _store():
@@ -114,7 +117,7 @@ def eval_(
                     memory_bytes=int(memory_limit * 2**30), pids_max=pids_limit)
         settings = EvalSettings(device=dev, mode=mode, baselines=names, timing_budget_s=timing_budget,
                                 candidate_timeout_s=timeout, jobs_dir=s.jobs_dir, keep_job_dir=keep_job_dir,
-                                state_dir=s.home, profile=profile)
+                                state_dir=s.home, profile=profile, host_memory_bytes=s.host_memory_bytes)
         if unsafe:
             err.print("[bold red]UNSAFE: --unsafe-no-jail: the candidate runs WITHOUT the jail.[/]")
         pipeline = Pipeline(jail, settings)
@@ -521,6 +524,7 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, superv
         err.print("[bold red]UNSAFE: --unsafe-no-jail: candidates run WITHOUT the jail.[/]")
     settings = EvalSettings(device=dev, mode=config.mode, baselines=("eager", "compile") if dev == "cuda" else ("eager",),
                             timing_budget_s=config.timing_budget_s, jobs_dir=s.jobs_dir, state_dir=s.home,
+                            host_memory_bytes=s.host_memory_bytes,
                             profile=config.profile and dev == "cuda", reuse_inputs=True)
     if on_ray:
         return ray_executor.ray_pipelines(s.executor, settings, slots, unsafe)
@@ -573,7 +577,7 @@ def worker(
     try:
         path = socket_file or workers.socket_path(s.home, g)
         in_flight = slots or default_slots(0 if g is None else 1)
-        server = workers.WorkerServer(g, path, in_flight, unsafe, s.home, s.jobs_dir, log)
+        server = workers.WorkerServer(g, path, in_flight, unsafe, s.home, s.jobs_dir, log, s.host_memory_bytes)
         server.serve(parent)
     except (ApplianceError, JailUnavailable) as e:
         log(f"error: {e}")

@@ -17,6 +17,21 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _positive_float(name: str) -> float | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not number > 0:
+        from appliance.errors import ConfigError
+
+        raise ConfigError(f"{name}={value!r}: expected a positive number of GiB")
+    return number
+
+
 @dataclass
 class Settings:
     home: Path  # APPLIANCE_HOME: database, job directories
@@ -34,6 +49,9 @@ class Settings:
     # host, a tmpfs such as /dev/shm: only files on a tmpfs move to and from the GPU by DMA from pages locked in place
     # (sandbox/harness/transfer.py). Default: APPLIANCE_HOME/jobs.
     jobs: Path | None = None
+    # APPLIANCE_HOST_MEMORY_GIB: host memory this host's evaluations in flight may hold, in all (output files on the
+    # tmpfs, harness processes). Default: 75% of MemTotal (appliance/evaluation/host_memory.py).
+    host_memory_gib: float | None = None
 
     @classmethod
     def load(cls, db_url: str | None = None) -> Settings:
@@ -47,7 +65,12 @@ class Settings:
                    llm_api_key=os.environ.get("APPLIANCE_LLM_API_KEY", "EMPTY"),
                    llm_max_tokens=int(os.environ.get("APPLIANCE_LLM_MAX_TOKENS", "4096")),
                    executor=os.environ.get("APPLIANCE_EXECUTOR") or "local",
-                   jobs=Path(os.environ["APPLIANCE_JOBS_DIR"]) if os.environ.get("APPLIANCE_JOBS_DIR") else None)
+                   jobs=Path(os.environ["APPLIANCE_JOBS_DIR"]) if os.environ.get("APPLIANCE_JOBS_DIR") else None,
+                   host_memory_gib=_positive_float("APPLIANCE_HOST_MEMORY_GIB"))
+
+    @property
+    def host_memory_bytes(self) -> int | None:
+        return None if self.host_memory_gib is None else int(self.host_memory_gib * 2**30)
 
     @property
     def jobs_dir(self) -> Path:

@@ -24,3 +24,7 @@ class InfrastructureError(ApplianceError):
     """The appliance itself cannot evaluate here (jail missing, harness crashed on the trusted side)."""
 
     exit_code = 3
+
+
+class ConfigError(ApplianceError):
+    """A setting (an environment variable or a flag) has a value the appliance cannot use; names it."""

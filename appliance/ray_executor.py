@@ -203,8 +203,10 @@ class EvaluationWorker:
 
         gpu = int(ray.get_gpu_ids()[0]) if settings.device == "cuda" else None
         # This host's own directories (APPLIANCE_HOME of the worker's unit), not the controller's paths.
-        home = Settings.load().home
-        local = dataclasses.replace(settings, jobs_dir=Settings.load().jobs_dir, state_dir=home)
+        host = Settings.load()
+        home = host.home
+        local = dataclasses.replace(settings, jobs_dir=host.jobs_dir, state_dir=home,
+                                    host_memory_bytes=host.host_memory_bytes)
         self.pipeline = Pipeline(Jail(unsafe_no_jail=unsafe, gpu=gpu), local, slots)
         self.pipeline.profile_if = self._profile_if
         self.local = threading.local()  # the profile threshold of the evaluation this thread runs

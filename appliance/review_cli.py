@@ -137,7 +137,8 @@ def register(app: typer.Typer) -> None:
             jail = Jail(unsafe_no_jail=unsafe, gpu=(gpu or 0) if dev == "cuda" else None)
             # The baselines a search times (eager, and torch.compile on a GPU), so speedups read the same.
             settings = EvalSettings(device=dev, baselines=("eager", "compile") if dev == "cuda" else ("eager",),
-                                    timing_budget_s=timing_budget, jobs_dir=s.jobs_dir, state_dir=s.home)
+                                    timing_budget_s=timing_budget, jobs_dir=s.jobs_dir, state_dir=s.home,
+                                    host_memory_bytes=s.host_memory_bytes)
             log = (lambda _: None) if as_json else (lambda line: err.print(line, highlight=False))
             results = run_recheck(_store(), jail, settings, s.home / "rechecks", runs or None, log)
         except ApplianceError as e:

@@ -107,10 +107,11 @@ class _Stop(Exception):
 
 class WorkerServer:
     def __init__(self, gpu: int | None, path: Path, slots: int, unsafe: bool, home: Path, jobs_dir: Path,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], host_memory_bytes: int | None = None):
         from sandbox.jail import Jail
 
         self.gpu, self.path, self.slots, self.home, self.jobs_dir, self.log = gpu, path, slots, home, jobs_dir, log
+        self.host_memory_bytes = host_memory_bytes  # this host's (APPLIANCE_HOST_MEMORY_GIB), not the client's
         self.key = authkey(home)
         self.jail = Jail(unsafe_no_jail=unsafe, gpu=gpu)
         self.host = socket.gethostname()
@@ -119,6 +120,7 @@ class WorkerServer:
         self.pipelines: dict[str, Pipeline] = {}  # settings -> pipeline, oldest first
         self.users: Counter[str] = Counter()  # settings -> evaluations in flight
         self.gate = None  # the device's turns, shared by every pipeline of this worker
+        self.host_memory = None  # and the host memory its evaluations may hold
         self.tasks: RebuiltTasks | None = None  # set with self.dir, in serve()
         self.local = threading.local()  # the connection whose evaluation runs in this thread (profile questions)
         self.idle = threading.Condition()
@@ -270,7 +272,8 @@ class WorkerServer:
             if pipeline is None:
                 try:
                     # Jobs and kept inputs under this worker's own directory: removed when it stops.
-                    settings = EvalSettings(**fields, jobs_dir=self.dir, state_dir=self.home)
+                    settings = EvalSettings(**fields, jobs_dir=self.dir, state_dir=self.home,
+                                            host_memory_bytes=self.host_memory_bytes)
                 except TypeError as e:
                     raise InfrastructureError(f"the worker on {self.path} runs another version of the appliance "
                                               f"({e}): restart it") from None
@@ -279,8 +282,9 @@ class WorkerServer:
                                               f"{label(self.gpu)} ({self.path})")
                 pipeline = Pipeline(self.jail, settings, self.slots)
                 if self.gate is None:
-                    self.gate = pipeline.gate
+                    self.gate, self.host_memory = pipeline.gate, pipeline.host_memory
                 pipeline.gate = self.gate  # one device, one set of turns: no run measures over another's work
+                pipeline.host_memory = self.host_memory
                 pipeline.profile_if = self._profile_if
                 self.pipelines[key] = pipeline
                 idle = [k for k in self.pipelines if k != key and not self.users[k]]  # oldest first
@@ -562,7 +566,8 @@ class WorkerPipeline:
         self.jail = RemoteJail(gpu=worker.gpu, unsafe_no_jail=unsafe_no_jail)
         self.profile_if: Callable[[float | None], bool] | None = None  # set by the loop; asked by the worker
         # Paths are the worker's own (its APPLIANCE_HOME); everything else is the run's.
-        self.fields = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("jobs_dir", "state_dir")}
+        self.fields = {k: v for k, v in dataclasses.asdict(settings).items()
+                       if k not in ("jobs_dir", "state_dir", "host_memory_bytes")}  # the worker's host decides these
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
         candidate_path = Path(candidate_path)

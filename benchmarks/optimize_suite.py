@@ -93,7 +93,32 @@ def where_time_went(details: list[dict], host_busy: float | None) -> str:
             f"waited for turns {median([t.get('wait_s') for t in turns])}, for memory "
             f"{median([t.get('resident_wait_s') for t in turns])}; at most {most + 1} resident at once; host CPUs "
             f"{fmt(host_busy, '.0%')} busy over the run ({len(os.sched_getaffinity(0))} cores)"
-            + device_states(details))
+            + device_states(details) + host_memory(details))
+
+
+def host_memory(details: list[dict]) -> str:
+    """The host-memory budget's side (appliance/evaluation/host_memory.py): what each evaluation held and waited,
+    the harness processes' private memory at their peak (what PROCESS_BYTES must cover), and the host's OOM kills."""
+    held = [d.get("host_memory") or {} for d in details]
+    peaks = {p: sorted(v for d in details if isinstance(v := ((d.get("stage_s") or {}).get(p) or {})
+                                                         .get("rss_anon_peak_gib"), (int, float)))
+             for p in ("candidate", "check")}
+    waits = sorted(h["wait_s"] for h in held if isinstance(h.get("wait_s"), (int, float)))
+    kills = sum(1 for d in details if ((d.get("jail") or {}).get("limit_events") or {}).get("host_oom_kills"))
+    budget = next((h.get("budget_gib") for h in reversed(held) if h.get("budget_gib")), None)
+    peak = ", ".join(f"{p} {v[len(v) // 2]:.2f} (max {v[-1]:.2f})" for p, v in peaks.items() if v) or "-"
+    return (f"; host memory: {fmt(held[0].get('held_gib') if held else None, '.1f')} GiB held per evaluation, "
+            f"budget {fmt(budget, '.0f')} GiB (last), waited median {fmt(waits[len(waits) // 2] if waits else None, '.1f')}"
+            f" s, max {fmt(waits[-1] if waits else None, '.1f')} s; private memory peak GiB: {peak}; "
+            f"evaluations that saw a host OOM kill: {kills}; MemTotal now {fmt(mem_total_gib(), '.0f')} GiB")
+
+
+def mem_total_gib() -> float | None:
+    try:
+        line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal:"))
+        return int(line.split()[1]) / 2**20
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def start_up(started: datetime, rows: list[tuple[datetime, dict]], in_flight: int | None) -> str:
@@ -255,7 +280,8 @@ def main() -> int:
     columns = COLUMNS + [c for inputs in naive_inputs(args) for c in NAIVE_COLUMNS[inputs]]
     where = f"executor {args.executor}" if args.executor else f"gpus {args.gpus if device == 'cuda' else '-'}"
     header = (f"\nOptimisation loop on {device} ({where}), tuner, "
-              f"--max-candidates {args.max_candidates}; run databases under {out}\n\n"
+              f"--max-candidates {args.max_candidates}; run databases under {out}; MemTotal at the start "
+              f"{fmt(mem_total_gib(), '.0f')} GiB\n\n"
               f"| {' | '.join(columns)} |\n|{'---|' * len(columns)}")
     lines = [header]
     print(header, flush=True)

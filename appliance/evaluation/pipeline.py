@@ -12,6 +12,7 @@ broken task (TaskError) or a broken host (InfrastructureError) raises.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -29,10 +30,11 @@ from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
+from appliance.evaluation.host_memory import HostMemory, evaluation_bytes
 from appliance.evaluation.job_folders import JobFolder, remove_tree
 from appliance.tasks import RebuiltTasks, Task
 from sandbox.gate import DeviceGate
-from sandbox.harness.transfer import DTYPE_BYTES, RECORD_MAX_BYTES, output_file_limit, output_name
+from sandbox.harness.transfer import DTYPE_BYTES, RECORD_MAX_BYTES, in_memory, output_file_limit, output_name
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
@@ -56,6 +58,9 @@ class EvalSettings:
     # Keep one task's inputs and baseline timings for the next candidates (a search evaluates many candidates of one
     # task; drawing and writing gigabytes of inputs again for each is most of an evaluation's time at full size).
     reuse_inputs: bool = False
+    # What this host's evaluations may hold in host memory, in all (APPLIANCE_HOST_MEMORY_GIB; None: a share of
+    # MemTotal). A fact of the host, like jobs_dir: not sent to workers, which read their own.
+    host_memory_bytes: int | None = None
 
 
 @dataclass
@@ -122,6 +127,8 @@ class Pipeline:
 
             meter = EnergyMeter(jail.gpu)
         self.gate = DeviceGate(energy_meter=meter, memory_bytes=_memory_budget(jail.gpu))
+        self.host_memory = HostMemory(settings.host_memory_bytes, share=1 / _gpus_on_host() if jail.gpu is not None
+                                      else 1.0)
         self.folder = JobFolder(settings.jobs_dir)  # this pipeline's job folders, swept if its process is killed
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
@@ -163,11 +170,12 @@ class Pipeline:
 
         # A kept job folder goes beside the pipeline's (which goes with the pipeline), for the user to read.
         job = Path(tempfile.mkdtemp(prefix="eval-", dir=self.folder.root if s.keep_job_dir else self.folder.path))
-        try:
-            return self._run(task, candidate_path, job, device, mode, base, backends)
-        finally:
-            if not s.keep_job_dir:
-                remove_tree(job)
+        with contextlib.ExitStack() as held:  # host memory, held until the job folder is gone
+            try:
+                return self._run(task, candidate_path, job, device, mode, base, backends, held)
+            finally:
+                if not s.keep_job_dir:
+                    remove_tree(job)
 
     def prepare(self, task: Task) -> None:
         """Make and keep the task's inputs and baselines now (with reuse_inputs), so that the first candidate sent
@@ -246,7 +254,7 @@ class Pipeline:
                 self._keep_ceilings(measured, result["environment"])
         return result
 
-    def _run(self, task, candidate_path, job, device, mode, base, backends) -> Outcome:
+    def _run(self, task, candidate_path, job, device, mode, base, backends, held: contextlib.ExitStack) -> Outcome:
         s = self.settings
         wall: dict[str, float] = {}  # seconds per process of this evaluation
         turns: list[dict] = []  # device turns of this evaluation's processes
@@ -273,6 +281,13 @@ class Pipeline:
         environment = prepared["environment"]
         details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall, "gpu_index": self.jail.gpu}
         cand_bytes, check_bytes = resident_estimate(Path(common["inputs_dir"]), common, prepared["shapes"])
+        output_files = _expected_output_files(common["seeds"], prepared["shapes"])
+        # Host memory for this evaluation's processes and output files, before either process starts.
+        host_bytes = evaluation_bytes(sum(output_files.values()), device, in_memory(dirs["outputs"]))
+        waited = held.enter_context(self.host_memory.hold(host_bytes))
+        budget = self.host_memory.budget()
+        details["host_memory"] = {"held_gib": round(host_bytes / 2**30, 2), "wait_s": round(waited, 2),
+                                  "budget_gib": None if budget is None else round(budget / 2**30, 1)}
 
         # The trusted check starts now, beside the candidate: its start-up (Python, torch, the task) overlaps the
         # candidate's run, and it reads nothing until told to go (step 3); any other way out of here stops it.
@@ -284,8 +299,7 @@ class Pipeline:
             task=task, wall=wall, turns=turns, resident_bytes=check_bytes), dirs["check"])
         try:
             # 2. The candidate, which sees its own file and the inputs, nothing else.
-            cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py"),
-                                  "output_bytes": _expected_output_files(common["seeds"], prepared["shapes"])}
+            cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py"), "output_bytes": output_files}
             spec_path = dirs["spec"] / "spec.json"
             spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
             run, cand = self._candidate(dirs, spec_path, cand_bytes, wall, turns, details)
@@ -747,6 +761,18 @@ def _memory_budget(gpu: int | None) -> int | None:
     except Exception:  # noqa: BLE001 - no NVML here: evaluations are bounded by slots alone, as before
         return None
     return int(total * MEMORY_BUDGET_FRACTION)
+
+
+def _gpus_on_host() -> int:
+    """GPUs on this host (NVML), each with an evaluation worker of its own sharing the host's memory; 1 where NVML
+    cannot say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return max(1, pynvml.nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001 - no NVML: this device is taken to be the host's only one
+        return 1
 
 
 def _no_room_for_outputs(outputs: Path, need: int) -> str | None:

@@ -17,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from sandbox.harness.common import (Stages, as_outputs, cpu_seconds, device_memory_freed, device_turn, error_info,
+from sandbox.harness.common import (Stages, as_outputs, device_memory_freed, device_turn, error_info,
                                     is_compile_error, lend_turns_while_compiling, load_module, prepare_device,
                                     tensor_bytes, to_device, turn_batches, write_result)
 from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass_outputs
@@ -203,7 +203,7 @@ def run(spec: dict) -> dict:
     device_memory_freed()
     stages.done("save_outputs")
     return {"status": "ok", "timings": timings, "provenance": provenance,
-            "stage_s": stages.seconds | {"cpu_s": cpu_seconds()}}
+            "stage_s": stages.summary()}
 
 
 def _save_outputs(to_save: list, outputs_dir: Path, outputs: OutputFiles, sync) -> None:

@@ -275,16 +275,43 @@ def write_result(path: str | Path, result: dict) -> None:
     os.replace(tmp, path)
 
 
+def anon_rss_gib() -> float | None:
+    """This process's private resident memory (RssAnon: heap, CUDA's host-side state; not the mapped input and output
+    files, which lie in the job folder once), in GiB; None where /proc cannot say. What the controller's host-memory
+    budget (appliance/evaluation/host_memory.py) allows per process is checked against these readings."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return round(int(line.split()[1]) / 2**20, 3)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class Stages:
     """Seconds per stage of this process (informational: where an evaluation's time goes); the result adds the
-    process's CPU seconds over all stages as "cpu_s"."""
+    process's CPU seconds over all stages as "cpu_s", and the most private memory read at a stage's end as
+    "rss_anon_peak_gib" (see `summary`)."""
 
     def __init__(self):
         self.clock = time.perf_counter  # bound before the candidate is imported
         self.seconds: dict[str, float] = {}
         self.last = self.clock()
+        self.rss_peak: float | None = None
 
     def done(self, stage: str) -> None:
         now = self.clock()
         self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self.last, 3)
         self.last = now
+        self.sample_memory()
+
+    def sample_memory(self) -> None:
+        rss = anon_rss_gib()
+        if rss is not None:
+            self.rss_peak = max(rss, self.rss_peak or 0.0)
+
+    def summary(self) -> dict:
+        """The seconds per stage, with "cpu_s" and "rss_anon_peak_gib" (where /proc could say)."""
+        self.sample_memory()
+        extra = {"rss_anon_peak_gib": self.rss_peak} if self.rss_peak is not None else {}
+        return self.seconds | {"cpu_s": cpu_seconds()} | extra

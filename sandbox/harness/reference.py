@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from sandbox.harness.common import (Stages, as_outputs, cast_floating, cpu_seconds, device_turn, environment,
-                                    error_info, load_module, prepare_device, tensor_bytes, to_device, turn_batches,
-                                    write_result)
+from sandbox.harness.common import (Stages, anon_rss_gib, as_outputs, cast_floating, cpu_seconds, device_turn,
+                                    environment, error_info, load_module, prepare_device, tensor_bytes, to_device,
+                                    turn_batches, write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
 from sandbox.harness.transfer import OutputRecord, Staging, in_memory, output_file_limit, output_name
@@ -192,7 +192,7 @@ def prepare(spec: dict) -> dict:
     result = {"status": "ok", "shapes": shapes_out, "timings": timings, "environment": environment(device)}
     if ceilings is not None:
         result["ceilings"] = ceilings
-    return result | {"stage_s": stages.seconds | {"cpu_s": cpu_seconds()}}
+    return result | {"stage_s": stages.summary()}
 
 
 def _time_baselines(spec: dict, names: list[str], model, input_sets: list, device: str, energy: bool,
@@ -238,6 +238,7 @@ def check(spec: dict) -> dict:
     stages = {"start": round(t_ready - t_start, 3), "wait_for_candidate": round(t0 - t_ready, 3),
               "pin_inputs": round(time.perf_counter() - t0, 3)}
     result = _check(spec, files, task, stages)
+    _sample_memory(stages)
     return result | {"stage_s": {k: round(v, 3) for k, v in stages.items()} | {"cpu_s": cpu_seconds()}}
 
 
@@ -250,6 +251,14 @@ def _case_turn(stages: dict):
         yield
     stages["wait_for_device"] = stages.get("wait_for_device", 0.0) + t1 - t0
     stages["compare"] = stages.get("compare", 0.0) + time.perf_counter() - t1
+    _sample_memory(stages)
+
+
+def _sample_memory(stages: dict) -> None:
+    """The most private memory seen so far, as the candidate's Stages report it (common.anon_rss_gib)."""
+    rss = anon_rss_gib()
+    if rss is not None:
+        stages["rss_anon_peak_gib"] = max(rss, stages.get("rss_anon_peak_gib", 0.0))
 
 
 def _told_to_go(go: Path, stop: Path) -> bool:

@@ -116,6 +116,26 @@ def test_evaluations_in_flight_hold_device_memory_within_the_budget(softmax_task
     assert pipeline.gate.residents() == 0
 
 
+def test_evaluations_start_only_while_their_host_memory_fits(softmax_task, tmp_path):
+    """A host-memory budget smaller than one evaluation: they run one after another (the first of them alone), each
+    records what it held and waited, and nothing stays held."""
+    from appliance.tasks import load_task
+
+    pipeline = _pipeline(tmp_path, slots=3)
+    pipeline.host_memory.total_bytes = 1
+    task = load_task(softmax_task)
+    pipeline.prepare(task)
+    outcomes = _evaluate_at_once(pipeline, task, [candidate("good")] * 3)
+    pipeline.close()
+    assert [o.verdict for o in outcomes] == ["pass"] * 3, [o.reason for o in outcomes]
+    held = sorted((o.details["host_memory"] for o in outcomes), key=lambda h: h["wait_s"])
+    assert held[0]["held_gib"] >= 2.0 and held[0]["budget_gib"] == 0.0, held  # two CPU processes at least
+    # One after another: the second waited for the first's whole evaluation, the third for both.
+    walls = sorted(o.details["wall_s"]["candidate"] for o in outcomes)
+    assert held[1]["wait_s"] >= walls[0] * 0.9 and held[2]["wait_s"] >= 2 * walls[0] * 0.9, (held, walls)
+    assert pipeline.host_memory.held() == 0
+
+
 def test_out_of_memory_beside_other_evaluations_is_retried_alone(softmax_task, tmp_path):
     from appliance.tasks import load_task
     from sandbox.gate import TurnRecord
