@@ -27,7 +27,7 @@ from pathlib import Path
 HOST_MEMORY_FRACTION = 0.75  # of MemTotal: the rest for the controller, the kept inputs, a model server, the kernel
 # Private memory of one harness process at its busiest (RssAnon: torch, Triton, CUDA's host-side state; the harness
 # reports its peak as stage_s rss_anon_peak_gib). The mapped input and output files are counted apart.
-PROCESS_BYTES = {"cuda": 3 << 30, "cpu": 1 << 30}
+PROCESS_BYTES = {"cuda": 2 << 30, "cpu": 1 << 30}
 
 
 def mem_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
