@@ -107,9 +107,10 @@ def host_memory(details: list[dict]) -> str:
     kills = sum(1 for d in details if ((d.get("jail") or {}).get("limit_events") or {}).get("host_oom_kills"))
     budget = next((h.get("budget_gib") for h in reversed(held) if h.get("budget_gib")), None)
     peak = ", ".join(f"{p} {v[len(v) // 2]:.2f} (max {v[-1]:.2f})" for p, v in peaks.items() if v) or "-"
+    median = waits[len(waits) // 2] if waits else None
     return (f"; host memory: {fmt(held[0].get('held_gib') if held else None, '.1f')} GiB held per evaluation, "
-            f"budget {fmt(budget, '.0f')} GiB (last), waited median {fmt(waits[len(waits) // 2] if waits else None, '.1f')}"
-            f" s, max {fmt(waits[-1] if waits else None, '.1f')} s; private memory peak GiB: {peak}; "
+            f"budget {fmt(budget, '.0f')} GiB (last), waited median {fmt(median, '.1f')} s, "
+            f"max {fmt(waits[-1] if waits else None, '.1f')} s; private memory peak GiB: {peak}; "
             f"evaluations that saw a host OOM kill: {kills}; MemTotal now {fmt(mem_total_gib(), '.0f')} GiB")
 
 

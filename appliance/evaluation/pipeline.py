@@ -299,7 +299,8 @@ class Pipeline:
             task=task, wall=wall, turns=turns, resident_bytes=check_bytes), dirs["check"])
         try:
             # 2. The candidate, which sees its own file and the inputs, nothing else.
-            cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py"), "output_bytes": output_files}
+            cand_spec = common | {"candidate_file": str(dirs["candidate"] / "candidate.py"),
+                                  "output_bytes": output_files}
             spec_path = dirs["spec"] / "spec.json"
             spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
             run, cand = self._candidate(dirs, spec_path, cand_bytes, wall, turns, details)

@@ -24,7 +24,7 @@ from sandbox.harness.integrity import Watch, mutated, settle, snapshot, subclass
 from sandbox.harness.provenance import Launches, record_ops
 from sandbox.harness.energy import EnergyMeter
 from sandbox.harness.timing import time_calls
-from sandbox.harness.transfer import (OutputFiles, PinInBackground, Staging, create_output_file, in_memory,
+from sandbox.harness.transfer import (OutputFiles, PinInBackground, Staging, create_output_file, in_memory, load_inputs,
                                       output_name)
 
 
@@ -107,8 +107,8 @@ def run(spec: dict) -> dict:
     # ready, in threads while the candidate's module loads, which is mostly Python's work: they overlap instead of
     # adding up.
     staging = Staging(spec["device"], pin_files=in_memory(spec["inputs_dir"], spec["outputs_dir"]))
-    saved_sets = [(shape, seed, torch.load(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",
-                                           weights_only=True, mmap=True, map_location="cpu"))
+    shared = staging.pin_files and spec["device"] == "cuda"  # mapped shared where locked in place (see load_inputs)
+    saved_sets = [(shape, seed, load_inputs(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", shared))
                   for shape in spec["shapes"] for seed in spec["seeds"]]
     pinning = PinInBackground(staging, [a for _, _, saved in saved_sets for a in saved["args"]])
     outputs = OutputFiles(Path(spec["outputs_dir"]), spec.get("output_bytes", {}),

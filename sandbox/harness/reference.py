@@ -23,7 +23,7 @@ from sandbox.harness.common import (Stages, anon_rss_gib, as_outputs, cast_float
                                     turn_batches, write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
-from sandbox.harness.transfer import OutputRecord, Staging, in_memory, output_file_limit, output_name
+from sandbox.harness.transfer import OutputRecord, Staging, in_memory, load_inputs, output_file_limit, output_name
 
 
 class TaskFault(Exception):
@@ -284,8 +284,8 @@ class _Files:
         import torch
 
         path = _input_path(self.spec, shape, seed)
-        if path not in self._inputs:
-            self._inputs[path] = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        if path not in self._inputs:  # mapped shared where they are locked in place (see load_inputs)
+            self._inputs[path] = load_inputs(path, shared=self.staging.pin_files and self.spec["device"] == "cuda")
         return self._inputs[path]
 
     def all_inputs(self) -> list:

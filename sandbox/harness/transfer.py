@@ -62,8 +62,9 @@ class Staging:
     # -- page-locking host memory where it lies ---------------------------------------------------------------
     def pin(self, value, read_only: bool = True, keep: bool = False) -> bool:
         """Page-lock the whole pages inside host tensor `value` (a memory-mapped file's), outside any turn, so that
-        `upload`/`download` move them by DMA alone. `read_only`: the memory is only read from (a read-only or
-        private mapping: its pages are locked without being copied on write). `keep`: locked for the process's
+        `upload`/`download` move them by DMA alone. `read_only`: the memory is only read from (a read-only shared
+        mapping; the pages of a private, copy-on-write one are copied by the kernel before they are locked, so
+        inputs are mapped shared: load_inputs). `keep`: locked for the process's
         life (inputs used by every case), not unlocked by `unpin`. False where nothing was locked: the copy is then
         staged."""
         import torch
@@ -251,6 +252,98 @@ def in_memory(*paths) -> bool:
         return found
 
     return all(kind(p) == "tmpfs" for p in paths)
+
+
+def load_inputs(path: Path, shared: bool) -> dict:
+    """A saved input set (prepare's torch.save of {"init": [...], "args": [...]}), its tensors mapped from the file,
+    not read. `shared`: the "args" tensors mapped shared and read-only, for `Staging.pin` to lock where they lie (on a
+    GPU, with files on a tmpfs: they are only uploaded from, never handed to forward); else torch's own private
+    mapping, which the caller may write to (the CPU harness hands the saved tensors to forward as they are, and
+    "init" always goes to a constructor).
+
+    Why not torch's mapping for locking: it is private (copy-on-write), and the kernel copies a private mapping's file
+    pages before it lets them be locked for long (a later write must not reach the locked page). On the H200 host
+    each candidate and check process so held its own private copy of every input (3.4 GiB per process for 3 GiB of
+    inputs), and locking them took ~0.6 s per GiB, against ~0.05 s for the output files, which are mapped shared."""
+    import torch
+
+    value = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    if not shared or not isinstance(value, dict) or not isinstance(value.get("args"), (list, tuple)):
+        return value
+    # Where torch mapped the file: every stored storage is some tensor's, so the lowest one is at the first record.
+    starts = {t.untyped_storage().data_ptr() for t in _tensors_in(value) if t.untyped_storage().nbytes()}
+    offsets = _record_offsets(path)
+    if not starts or not offsets:
+        return value
+    base = min(starts) - min(offsets)
+    if not all(start - base in offsets for start in starts):
+        return value  # a layout not understood: torch's mapping it is (locking it copies, nothing worse)
+    fd = _open_regular(Path(path))
+    try:
+        mapped = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    with warnings.catch_warnings():  # read-only memory: only read, locked and uploaded, never handed to forward
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        flat = torch.frombuffer(mapped, dtype=torch.uint8)
+
+    def remap(t):
+        if not t.untyped_storage().nbytes():
+            return t
+        start = t.untyped_storage().data_ptr() - base
+        return flat[start:start + t.untyped_storage().nbytes()].view(t.dtype).as_strided(
+            t.size(), t.stride(), start // t.element_size() + t.storage_offset())
+
+    try:
+        return value | {"args": _map_tensors(value["args"], remap)}
+    except RuntimeError:  # a record not aligned to its dtype: torch's mapping it is
+        return value
+
+
+def _record_offsets(path: Path) -> set[int]:
+    """Where each stored storage's bytes begin in a torch.save file (a zip archive, records stored uncompressed):
+    after each record's local header, whose name and extra field lengths may differ from the central directory's."""
+    import zipfile
+
+    offsets = set()
+    try:
+        with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
+            for info in archive.infolist():
+                if "/data/" not in info.filename or info.compress_type != zipfile.ZIP_STORED or not info.file_size:
+                    continue
+                f.seek(info.header_offset)
+                header = f.read(30)
+                if len(header) < 30 or header[:4] != b"PK\x03\x04":
+                    return set()
+                name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+                offsets.add(info.header_offset + 30 + name_len + extra_len)
+    except (OSError, zipfile.BadZipFile):
+        return set()
+    return offsets
+
+
+def _tensors_in(value) -> list:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
+def _map_tensors(value, fn):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    return value
 
 
 def _driver():

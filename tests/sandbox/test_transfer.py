@@ -3,6 +3,8 @@
 import json
 import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +196,81 @@ def test_a_record_the_check_could_not_use_is_refused_before_anything_is_read(tmp
     (tmp_path / "x.bin").write_bytes(b"")
     with pytest.raises(ValueError, match=message):
         OutputRecord(tmp_path, "x", max_bytes=1 << 20)
+
+
+def _mapping_of(address: int) -> str:
+    """The permissions of the mapping of this process that holds `address` (e.g. r--s: read-only, shared)."""
+    for line in open("/proc/self/maps"):
+        span, perms = line.split()[:2]
+        start, end = (int(x, 16) for x in span.split("-"))
+        if start <= address < end:
+            return perms
+    return ""
+
+
+def _saved_inputs(path):
+    wide = torch.randn(300, 1000)
+    value = {"init": [7, torch.ones(3)], "args": [wide, 3, torch.randn(40, 50).t(), wide[5:], torch.empty(0),
+                                                  torch.arange(10)]}
+    torch.save(value, path)
+    return value
+
+
+def test_inputs_locked_in_place_are_mapped_shared_and_read_only(tmp_path):
+    """Locking a private (copy-on-write) mapping's pages makes the kernel copy them first (each process held its own
+    copy of every input on the H200 host): the args to lock are mapped shared, read-only, with the same values."""
+    value = _saved_inputs(tmp_path / "set.pt")
+    loaded = transfer.load_inputs(tmp_path / "set.pt", shared=True)
+    for saved, got in zip(value["args"], loaded["args"]):
+        if isinstance(saved, torch.Tensor):
+            assert got.dtype == saved.dtype and got.shape == saved.shape and got.stride() == saved.stride()
+            assert torch.equal(got, saved)
+            if got.numel():
+                assert _mapping_of(got.data_ptr()) == "r--s"
+        else:
+            assert got == saved
+    loaded["init"][1].add_(1)  # init goes to a constructor, which may write to it: torch's private mapping
+    assert _mapping_of(loaded["init"][1].data_ptr()).endswith("p")
+    private = transfer.load_inputs(tmp_path / "set.pt", shared=False)  # the CPU harness's: forward may write to it
+    private["args"][0].mul_(2)
+    assert _mapping_of(private["args"][0].data_ptr()) == "rw-p"
+    assert torch.equal(transfer.load_inputs(tmp_path / "set.pt", shared=True)["args"][0], value["args"][0])
+
+
+def test_inputs_of_a_layout_not_understood_stay_on_torchs_own_mapping(tmp_path):
+    torch.save([torch.ones(4)], tmp_path / "list.pt")  # not {"init", "args"}
+    assert torch.equal(transfer.load_inputs(tmp_path / "list.pt", shared=True)[0], torch.ones(4))
+
+
+@pytest.mark.parametrize("init", [[], [torch.ones(3)], [torch.ones(3), torch.zeros(0), torch.ones(7)]])
+def test_one_input_tensor_beside_init_tensors_is_mapped_shared(tmp_path, init):
+    x = torch.randn(1000)
+    torch.save({"init": init, "args": [x]}, tmp_path / "set.pt")
+    [got] = transfer.load_inputs(tmp_path / "set.pt", shared=True)["args"]
+    assert torch.equal(got, x) and _mapping_of(got.data_ptr()) == "r--s"
+
+
+@pytest.mark.gpu
+def test_locking_inputs_in_place_copies_nothing_into_private_memory():
+    """The regression test of the copy: locking 1 GiB of mapped inputs adds (nearly) nothing to the process's private
+    memory when they are mapped shared; a private mapping's lock adds the whole GiB (the kernel's copy)."""
+    from sandbox.harness.common import anon_rss_gib
+
+    folder = tempfile.mkdtemp(dir="/dev/shm")
+    try:
+        torch.save({"init": [], "args": [torch.randn(1 << 28)]}, f"{folder}/set.pt")  # 1 GiB
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")
+        grown = {}
+        for shared in (True, False):
+            staging = Staging("cuda")
+            [arg] = transfer.load_inputs(Path(folder) / "set.pt", shared=shared)["args"]
+            before = anon_rss_gib()
+            assert staging.pin(arg, keep=False)
+            grown[shared] = anon_rss_gib() - before
+            assert torch.equal(staging.upload(arg).cpu()[:1000], arg[:1000])
+            staging.unpin()
+            del arg
+        assert grown[True] < 0.1 and grown[False] > 0.9, grown
+    finally:
+        shutil.rmtree(folder)
