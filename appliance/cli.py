@@ -18,6 +18,7 @@ from rich.table import Table
 
 from appliance.config import Settings
 from appliance.errors import ApplianceError
+from appliance.evaluation.host_memory import HostMemory
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
 from appliance.model_cli import model_app
 from appliance.search.loop import OptimizeConfig, Summary
@@ -536,7 +537,8 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, superv
                                                                       soft_wrap=True))
     if supervisor is not None:
         return supervisor.pipelines(indices, settings, slots, unsafe)
-    return [Pipeline(Jail(unsafe_no_jail=unsafe, gpu=g), settings, slots=slots) for g in indices]
+    memory = HostMemory(s.host_memory_bytes)  # this process's evaluations, on every GPU it uses
+    return [Pipeline(Jail(unsafe_no_jail=unsafe, gpu=g), settings, slots=slots, host_memory=memory) for g in indices]
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ def _positive_float(name: str) -> float | None:
         number = float(value)
     except ValueError:
         number = 0.0
-    if not number > 0:
+    if not (number > 0 and math.isfinite(number)):
         from appliance.errors import ConfigError
 
         raise ConfigError(f"{name}={value!r}: expected a positive number of GiB")

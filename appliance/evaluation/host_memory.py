@@ -13,7 +13,9 @@ holds an estimate (`evaluation_bytes`, from trusted data only) against a budget 
     its GPUs (each has a worker of its own);
   - admission in arrival order; one bigger than the whole budget starts when nothing else holds any.
 
-The device's own memory is budgeted apart, per process, by the gate (sandbox/gate.py).
+The device's own memory is budgeted apart, per process, by the gate (sandbox/gate.py). Not counted here: the
+task's inputs, which prepare writes once per run (kept for reuse) or once per evaluation (`appliance eval`, before
+its hold), and prepare's own process; nor a cgroup's memory limit, should the controller run under one.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class Pipeline:
     """One evaluation device's worker. `evaluate` may be called from `slots` threads at once: their loading,
     compiling and checking overlap, while correctness and timing take turns on the device (sandbox/gate.py)."""
 
-    def __init__(self, jail: Jail, settings: EvalSettings, slots: int = 1):
+    def __init__(self, jail: Jail, settings: EvalSettings, slots: int = 1, host_memory: HostMemory | None = None):
         self.jail, self.settings, self.slots = jail, settings, max(1, slots)
         meter = None
         if jail.gpu is not None:
@@ -127,8 +127,9 @@ class Pipeline:
 
             meter = EnergyMeter(jail.gpu)
         self.gate = DeviceGate(energy_meter=meter, memory_bytes=_memory_budget(jail.gpu))
-        self.host_memory = HostMemory(settings.host_memory_bytes, share=1 / _gpus_on_host() if jail.gpu is not None
-                                      else 1.0)
+        # One process's pipelines share one (cli.py); a worker process per GPU takes its GPU's share of the host's.
+        self.host_memory = host_memory or HostMemory(settings.host_memory_bytes,
+                                                     share=1 / _gpus_on_host() if jail.gpu is not None else 1.0)
         self.folder = JobFolder(settings.jobs_dir)  # this pipeline's job folders, swept if its process is killed
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
@@ -766,7 +767,7 @@ def _memory_budget(gpu: int | None) -> int | None:
 
 def _gpus_on_host() -> int:
     """GPUs on this host (NVML), each with an evaluation worker of its own sharing the host's memory; 1 where NVML
-    cannot say."""
+    cannot say. The model server's GPU counts too: its share is left over, on the safe side."""
     try:
         import pynvml
 

@@ -270,14 +270,17 @@ def load_inputs(path: Path, shared: bool) -> dict:
     value = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
     if not shared or not isinstance(value, dict) or not isinstance(value.get("args"), (list, tuple)):
         return value
-    # Where torch mapped the file: every stored storage is some tensor's, so the lowest one is at the first record.
-    starts = {t.untyped_storage().data_ptr() for t in _tensors_in(value) if t.untyped_storage().nbytes()}
-    offsets = _record_offsets(path)
-    if not starts or not offsets:
+    # Where torch mapped the file: when every stored storage is found among the value's tensors, the lowest one is
+    # at the first record, and each must then lie at a record of its own size. Anything else (a storage reached
+    # some other way, e.g. through a set): torch's mapping it is (locking it copies, nothing worse).
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors_in(value)
+                if t.untyped_storage().nbytes()}
+    records = _record_offsets(path)
+    if not storages or len(storages) != len(records):
         return value
-    base = min(starts) - min(offsets)
-    if not all(start - base in offsets for start in starts):
-        return value  # a layout not understood: torch's mapping it is (locking it copies, nothing worse)
+    base = min(storages) - min(records)
+    if any(records.get(start - base) != nbytes for start, nbytes in storages.items()):
+        return value
     fd = _open_regular(Path(path))
     try:
         mapped = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
@@ -294,18 +297,20 @@ def load_inputs(path: Path, shared: bool) -> dict:
         return flat[start:start + t.untyped_storage().nbytes()].view(t.dtype).as_strided(
             t.size(), t.stride(), start // t.element_size() + t.storage_offset())
 
-    try:
-        return value | {"args": _map_tensors(value["args"], remap)}
+    try:  # the top-level tensors only: those alone are locked and uploaded; nested ones reach forward as they are
+        return value | {"args": type(value["args"])(remap(a) if isinstance(a, torch.Tensor) else a
+                                                    for a in value["args"])}
     except RuntimeError:  # a record not aligned to its dtype: torch's mapping it is
         return value
 
 
-def _record_offsets(path: Path) -> set[int]:
-    """Where each stored storage's bytes begin in a torch.save file (a zip archive, records stored uncompressed):
-    after each record's local header, whose name and extra field lengths may differ from the central directory's."""
+def _record_offsets(path: Path) -> dict[int, int]:
+    """Where each stored storage's bytes begin in a torch.save file (a zip archive, records stored uncompressed),
+    and their size: after each record's local header, whose name and extra field lengths may differ from the
+    central directory's."""
     import zipfile
 
-    offsets = set()
+    offsets = {}
     try:
         with zipfile.ZipFile(path) as archive, open(path, "rb") as f:
             for info in archive.infolist():
@@ -314,11 +319,11 @@ def _record_offsets(path: Path) -> set[int]:
                 f.seek(info.header_offset)
                 header = f.read(30)
                 if len(header) < 30 or header[:4] != b"PK\x03\x04":
-                    return set()
+                    return {}
                 name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
-                offsets.add(info.header_offset + 30 + name_len + extra_len)
+                offsets[info.header_offset + 30 + name_len + extra_len] = info.file_size
     except (OSError, zipfile.BadZipFile):
-        return set()
+        return {}
     return offsets
 
 
@@ -332,18 +337,6 @@ def _tensors_in(value) -> list:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors_in(v)]
     return []
-
-
-def _map_tensors(value, fn):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, dict):
-        return {k: _map_tensors(v, fn) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_tensors(v, fn) for v in value)
-    return value
 
 
 def _driver():

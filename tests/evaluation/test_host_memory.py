@@ -84,3 +84,15 @@ def test_a_hold_is_given_back_when_its_block_raises():
     assert memory.held() == 0
     with memory.hold(8) as waited:
         assert waited < 0.5
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "lots", "inf", "nan"])
+def test_a_host_memory_setting_the_appliance_cannot_use_is_refused_by_name(monkeypatch, value):
+    from appliance.config import Settings
+    from appliance.errors import ConfigError
+
+    monkeypatch.setenv("APPLIANCE_HOST_MEMORY_GIB", value)
+    with pytest.raises(ConfigError, match="APPLIANCE_HOST_MEMORY_GIB"):
+        Settings.load()
+    monkeypatch.setenv("APPLIANCE_HOST_MEMORY_GIB", "96.5")
+    assert Settings.load().host_memory_bytes == int(96.5 * GIB)

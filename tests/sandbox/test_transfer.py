@@ -242,6 +242,19 @@ def test_inputs_of_a_layout_not_understood_stay_on_torchs_own_mapping(tmp_path):
     assert torch.equal(transfer.load_inputs(tmp_path / "list.pt", shared=True)[0], torch.ones(4))
 
 
+def test_tensors_nested_in_args_stay_writable_and_a_storage_reached_otherwise_keeps_torchs_mapping(tmp_path):
+    """Only top-level args are locked and uploaded: a nested one reaches forward as it is, so it must stay writable.
+    A storage the loader cannot find (inside a set) would shift every offset: the values must still be right."""
+    torch.save({"init": [], "args": [[torch.ones(3)], torch.ones(2)]}, tmp_path / "nested.pt")
+    nested = transfer.load_inputs(tmp_path / "nested.pt", shared=True)["args"]
+    nested[0][0].add_(1)  # would be a SIGSEGV on the read-only mapping
+    assert _mapping_of(nested[1].data_ptr()) == "r--s"
+    a, b = torch.full((1000,), 2.0), torch.full((1000,), 3.0)
+    torch.save({"init": [{torch.ones(1000)}], "args": [a, b]}, tmp_path / "set.pt")
+    got = transfer.load_inputs(tmp_path / "set.pt", shared=True)["args"]
+    assert torch.equal(got[0], a) and torch.equal(got[1], b)
+
+
 @pytest.mark.parametrize("init", [[], [torch.ones(3)], [torch.ones(3), torch.zeros(0), torch.ones(7)]])
 def test_one_input_tensor_beside_init_tensors_is_mapped_shared(tmp_path, init):
     x = torch.randn(1000)
