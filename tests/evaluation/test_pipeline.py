@@ -99,17 +99,23 @@ def _evaluate_at_once(pipeline, task, paths) -> list:
     return outcomes
 
 
-def test_evaluations_in_flight_hold_device_memory_within_the_budget(softmax_task, tmp_path):
-    """A budget smaller than any evaluation: every process holding device memory is alone, the others wait."""
+def _three_good_at_once(pipeline, task_path) -> list:
+    """Three honest candidates sent at once (the task prepared first); all must pass."""
     from appliance.tasks import load_task
 
-    pipeline = _pipeline(tmp_path, slots=3)
-    pipeline.gate.memory_bytes = 1
-    task = load_task(softmax_task)
+    task = load_task(task_path)
     pipeline.prepare(task)
     outcomes = _evaluate_at_once(pipeline, task, [candidate("good")] * 3)
     pipeline.close()
     assert [o.verdict for o in outcomes] == ["pass"] * 3, [o.reason for o in outcomes]
+    return outcomes
+
+
+def test_evaluations_in_flight_hold_device_memory_within_the_budget(softmax_task, tmp_path):
+    """A budget smaller than any evaluation: every process holding device memory is alone, the others wait."""
+    pipeline = _pipeline(tmp_path, slots=3)
+    pipeline.gate.memory_bytes = 1
+    outcomes = _three_good_at_once(pipeline, softmax_task)
     turns = [o.details["device_turns"] for o in outcomes]
     assert all(t["neighbours"] == 0 for t in turns), turns  # never resident beside another process
     assert sum(t["resident_wait_s"] for t in turns) > 0, turns  # and they did contend
@@ -119,15 +125,9 @@ def test_evaluations_in_flight_hold_device_memory_within_the_budget(softmax_task
 def test_evaluations_start_only_while_their_host_memory_fits(softmax_task, tmp_path):
     """A host-memory budget smaller than one evaluation: they run one after another (the first of them alone), each
     records what it held and waited, and nothing stays held."""
-    from appliance.tasks import load_task
-
     pipeline = _pipeline(tmp_path, slots=3)
     pipeline.host_memory.total_bytes = 1
-    task = load_task(softmax_task)
-    pipeline.prepare(task)
-    outcomes = _evaluate_at_once(pipeline, task, [candidate("good")] * 3)
-    pipeline.close()
-    assert [o.verdict for o in outcomes] == ["pass"] * 3, [o.reason for o in outcomes]
+    outcomes = _three_good_at_once(pipeline, softmax_task)
     held = sorted((o.details["host_memory"] for o in outcomes), key=lambda h: h["wait_s"])
     assert held[0]["held_gib"] >= 2.0 and held[0]["budget_gib"] == 0.0, held  # two CPU processes at least
     # One after another: the second waited for the first's whole evaluation, the third for both.
