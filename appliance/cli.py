@@ -756,7 +756,8 @@ def doctor(
     from appliance import doctor as checks
 
     s = state.settings
-    results = checks.run_checks(s.db_url, s.llm_url, s.llm_model, metrics_port or None, s.jobs_dir)
+    results = checks.run_checks(s.db_url, s.llm_url, s.llm_model, metrics_port or None, s.jobs_dir,
+                                s.host_memory_bytes)
     report = checks.as_json(results)
     if as_json:
         print(json.dumps(report))

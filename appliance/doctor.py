@@ -19,11 +19,11 @@ class Check:
 
 
 def run_checks(db_url: str, llm_url: str | None = None, llm_model: str = "", metrics_port: int | None = None,
-               jobs_dir: Path | None = None) -> list[Check]:
+               jobs_dir: Path | None = None, host_memory_bytes: int | None = None) -> list[Check]:
     checks = [_bwrap(), _seccomp(), _jail(), _cgroups(), _userns(), _torch(), _gpu(), _gpu_roles(llm_url),
               _database(db_url), _llm(llm_url, llm_model)]
     if jobs_dir is not None:
-        checks.append(_jobs_dir(jobs_dir))
+        checks += [_jobs_dir(jobs_dir), _host_memory(jobs_dir, host_memory_bytes)]
     if metrics_port:
         checks.append(_metrics_port(metrics_port))
     return checks
@@ -134,6 +134,29 @@ def _jobs_dir(path: Path, gpu_host: bool | None = None) -> Check:
                                     "and its GPU copies go through staging buffers (slower, and turns last longer)",
                  "set APPLIANCE_JOBS_DIR to a folder on a tmpfs, e.g. /dev/shm/appliance-jobs "
                  "(the systemd units do), with room for ~4 GiB per evaluation in flight", required=False)
+
+
+def _host_memory(jobs_dir: Path, total_bytes: int | None) -> Check:
+    """The host memory evaluations may hold (appliance/evaluation/host_memory.py), beside the room on the job
+    folders' tmpfs, where their output files take it: a tmpfs smaller than the budget fills first (a full one costs
+    the candidates in flight a retry each)."""
+    from appliance.evaluation.host_memory import HostMemory
+    from sandbox.harness.transfer import in_memory
+
+    budget = HostMemory(total_bytes).budget()
+    source = "APPLIANCE_HOST_MEMORY_GIB" if total_bytes else "75% of MemTotal"
+    if budget is None:
+        return Check("host memory", True, "MemTotal unreadable: evaluations are bounded by their number alone",
+                     required=False)
+    detail = f"evaluations in flight may hold {budget / 2**30:.0f} GiB ({source}; split between the GPUs)"
+    if in_memory(jobs_dir):
+        st = os.statvfs(jobs_dir)
+        room = st.f_blocks * st.f_frsize
+        if room < budget:
+            return Check("host memory", False, f"{detail}, but the tmpfs of {jobs_dir} holds {room / 2**30:.0f} GiB",
+                         f"mount it larger (e.g. mount -o remount,size={-(-budget // 2**30)}G) or lower "
+                         "APPLIANCE_HOST_MEMORY_GIB", required=False)
+    return Check("host memory", True, detail, required=False)
 
 
 def _database(url: str) -> Check:

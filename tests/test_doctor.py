@@ -89,3 +89,18 @@ def test_job_folders_go_where_appliance_jobs_dir_says_and_doctor_tells_whether_t
     warned = _jobs_dir(on_disk, gpu_host=True)
     assert not warned.required and "APPLIANCE_JOBS_DIR" in warned.fix and "/dev/shm" in warned.fix
     assert _jobs_dir(on_disk, gpu_host=False).ok
+
+
+def test_doctor_says_what_host_memory_evaluations_may_hold_and_warns_when_the_tmpfs_is_smaller(appliance, monkeypatch):
+    shm = Path("/dev/shm") / f"appliance-test-jobs-{os.getpid()}"
+    monkeypatch.setenv("APPLIANCE_JOBS_DIR", str(shm))
+    room = os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize / 2**30
+    try:
+        for gib, ok in ((room / 2, True), (room * 2, False)):
+            monkeypatch.setenv("APPLIANCE_HOST_MEMORY_GIB", str(gib))
+            checks = {c["name"]: c for c in json.loads(appliance("doctor", "--json").stdout)["checks"]}
+            memory = checks["host memory"]
+            assert memory["ok"] is ok and "APPLIANCE_HOST_MEMORY_GIB" in memory["detail"], memory
+            assert ok or "mount it larger" in memory["fix"], memory
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
