@@ -167,6 +167,18 @@ def test_evaluations_in_flight_overlap_but_take_turns_on_the_device(appliance, h
     assert any(t["wait_s"] > 0.01 for t in turns[1:]), turns
 
 
+def test_a_run_whose_host_memory_fits_one_evaluation_at_a_time_still_completes(appliance, home, monkeypatch):
+    """Three slots, host memory for less than one evaluation (APPLIANCE_HOST_MEMORY_GIB): they start one at a time,
+    the others wait, and the run ends with every evaluation done."""
+    monkeypatch.setenv("APPLIANCE_HOST_MEMORY_GIB", "0.5")
+    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "4", "--batch", "1", "--workers", "3")
+    assert code == 0, summary
+    assert summary["evaluated"] == 4 and summary["passed"] == 4, summary
+    held = [json.loads(d)["host_memory"] for (d,) in rows(home, "SELECT details FROM evaluation ORDER BY id")]
+    assert all(h["budget_gib"] == 0.5 for h in held), held  # the setting, whole: one CPU device
+    assert sum(h["wait_s"] > 0.5 for h in held) >= 2, held  # the first generation waited for the seed
+
+
 def test_an_llm_run_without_a_seed_starts_from_the_reference(appliance, home, monkeypatch, fake_llm):
     # No kernel for this task anywhere: the run's seed is the reference as ModelNew (a library fallback); the model,
     # shown that verdict, answers with a kernel of its own, which passes.
