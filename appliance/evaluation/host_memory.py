@@ -10,7 +10,8 @@ holds an estimate (`evaluation_bytes`, from trusted data only) against a budget 
 
   - the budget: APPLIANCE_HOST_MEMORY_GIB of this host, or HOST_MEMORY_FRACTION of its MemTotal, read again while
     an evaluation waits (memory hot-plugged into a VM counts once it is there); on a GPU host, split evenly between
-    its GPUs (each has a worker of its own);
+    its evaluation GPUs (each has a worker of its own; APPLIANCE_LLM_GPU serves the model), and shared by the GPUs
+    of one process (`appliance optimize` without workers);
   - admission in arrival order; one bigger than the whole budget starts when nothing else holds any.
 
 The device's own memory is budgeted apart, per process, by the gate (sandbox/gate.py). Not counted here: the

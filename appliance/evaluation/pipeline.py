@@ -129,7 +129,7 @@ class Pipeline:
         self.gate = DeviceGate(energy_meter=meter, memory_bytes=_memory_budget(jail.gpu))
         # One process's pipelines share one (cli.py); a worker process per GPU takes its GPU's share of the host's.
         self.host_memory = host_memory or HostMemory(settings.host_memory_bytes,
-                                                     share=1 / _gpus_on_host() if jail.gpu is not None else 1.0)
+                                                     share=1 / _evaluation_gpus() if jail.gpu is not None else 1.0)
         self.folder = JobFolder(settings.jobs_dir)  # this pipeline's job folders, swept if its process is killed
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
@@ -765,16 +765,18 @@ def _memory_budget(gpu: int | None) -> int | None:
     return int(total * MEMORY_BUDGET_FRACTION)
 
 
-def _gpus_on_host() -> int:
-    """GPUs on this host (NVML), each with an evaluation worker of its own sharing the host's memory; 1 where NVML
-    cannot say. The model server's GPU counts too: its share is left over, on the safe side."""
+def _evaluation_gpus() -> int:
+    """This host's evaluation GPUs, each with a worker of its own sharing the host's memory: its GPUs (NVML) but
+    the model server's (APPLIANCE_LLM_GPU, as `optimize` and `doctor` read it); 1 where NVML cannot say."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        return max(1, pynvml.nvmlDeviceGetCount())
+        count = pynvml.nvmlDeviceGetCount()
     except Exception:  # noqa: BLE001 - no NVML: this device is taken to be the host's only one
         return 1
+    serving = os.environ.get("APPLIANCE_LLM_GPU", "").strip()
+    return max(1, count - (serving.isdigit() and int(serving) < count))
 
 
 def _no_room_for_outputs(outputs: Path, need: int) -> str | None:

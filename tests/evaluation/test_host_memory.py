@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -96,3 +97,23 @@ def test_a_host_memory_setting_the_appliance_cannot_use_is_refused_by_name(monke
         Settings.load()
     monkeypatch.setenv("APPLIANCE_HOST_MEMORY_GIB", "96.5")
     assert Settings.load().host_memory_bytes == int(96.5 * GIB)
+
+
+def test_a_gpu_workers_share_leaves_out_the_model_servers_gpu(monkeypatch):
+    """Each evaluation GPU's worker takes an even share; the GPU named by APPLIANCE_LLM_GPU has no worker. (A fake
+    NVML: this host has no GPU to count.)"""
+    import types
+
+    from appliance.evaluation.pipeline import _evaluation_gpus
+
+    nvml = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 4)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("APPLIANCE_LLM_GPU", raising=False)
+    assert _evaluation_gpus() == 4
+    monkeypatch.setenv("APPLIANCE_LLM_GPU", "0")
+    assert _evaluation_gpus() == 3
+    monkeypatch.setenv("APPLIANCE_LLM_GPU", "7")  # not on this host (a remote model server)
+    assert _evaluation_gpus() == 4
+    nvml.nvmlDeviceGetCount = lambda: 1
+    monkeypatch.setenv("APPLIANCE_LLM_GPU", "0")
+    assert _evaluation_gpus() == 1  # never below one
