@@ -115,11 +115,10 @@ def host_memory(details: list[dict]) -> str:
 
 
 def mem_total_gib() -> float | None:
-    try:
-        line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal:"))
-        return int(line.split()[1]) / 2**20
-    except (OSError, StopIteration, ValueError):
-        return None
+    from appliance.evaluation.host_memory import mem_total_bytes
+
+    total = mem_total_bytes()
+    return None if total is None else total / 2**30
 
 
 def start_up(started: datetime, rows: list[tuple[datetime, dict]], in_flight: int | None) -> str:

@@ -107,8 +107,9 @@ def run(spec: dict) -> dict:
     # ready, in threads while the candidate's module loads, which is mostly Python's work: they overlap instead of
     # adding up.
     staging = Staging(spec["device"], pin_files=in_memory(spec["inputs_dir"], spec["outputs_dir"]))
-    shared = staging.pin_files and spec["device"] == "cuda"  # mapped shared where locked in place (see load_inputs)
-    saved_sets = [(shape, seed, load_inputs(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt", shared))
+    # Mapped shared where they are locked in place (see load_inputs).
+    saved_sets = [(shape, seed, load_inputs(Path(spec["inputs_dir"]) / f"{shape['name']}-{seed}.pt",
+                                            staging.locks_in_place))
                   for shape in spec["shapes"] for seed in spec["seeds"]]
     pinning = PinInBackground(staging, [a for _, _, saved in saved_sets for a in saved["args"]])
     outputs = OutputFiles(Path(spec["outputs_dir"]), spec.get("output_bytes", {}),

@@ -288,6 +288,12 @@ def anon_rss_gib() -> float | None:
     return None
 
 
+def rss_peak(previous: float | None) -> float | None:
+    """The larger of `previous` and the private memory now (anon_rss_gib); `previous` where /proc cannot say."""
+    rss = anon_rss_gib()
+    return previous if rss is None else max(rss, previous or 0.0)
+
+
 class Stages:
     """Seconds per stage of this process (informational: where an evaluation's time goes); the result adds the
     process's CPU seconds over all stages as "cpu_s", and the most private memory read at a stage's end as
@@ -303,15 +309,10 @@ class Stages:
         now = self.clock()
         self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self.last, 3)
         self.last = now
-        self.sample_memory()
-
-    def sample_memory(self) -> None:
-        rss = anon_rss_gib()
-        if rss is not None:
-            self.rss_peak = max(rss, self.rss_peak or 0.0)
+        self.rss_peak = rss_peak(self.rss_peak)
 
     def summary(self) -> dict:
         """The seconds per stage, with "cpu_s" and "rss_anon_peak_gib" (where /proc could say)."""
-        self.sample_memory()
+        self.rss_peak = rss_peak(self.rss_peak)
         extra = {"rss_anon_peak_gib": self.rss_peak} if self.rss_peak is not None else {}
         return self.seconds | {"cpu_s": cpu_seconds()} | extra

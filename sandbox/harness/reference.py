@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from sandbox.harness.common import (Stages, anon_rss_gib, as_outputs, cast_floating, cpu_seconds, device_turn,
-                                    environment, error_info, load_module, prepare_device, tensor_bytes, to_device,
+from sandbox.harness.common import (Stages, as_outputs, cast_floating, cpu_seconds, device_turn, environment,
+                                    error_info, load_module, prepare_device, rss_peak, tensor_bytes, to_device,
                                     turn_batches, write_result)
 from sandbox.harness.provenance import record_ops
 from sandbox.harness.timing import rollable
@@ -255,10 +255,9 @@ def _case_turn(stages: dict):
 
 
 def _sample_memory(stages: dict) -> None:
-    """The most private memory seen so far, as the candidate's Stages report it (common.anon_rss_gib)."""
-    rss = anon_rss_gib()
-    if rss is not None:
-        stages["rss_anon_peak_gib"] = max(rss, stages.get("rss_anon_peak_gib", 0.0))
+    """The most private memory seen so far, as the candidate's Stages report it."""
+    if (peak := rss_peak(stages.get("rss_anon_peak_gib"))) is not None:
+        stages["rss_anon_peak_gib"] = peak
 
 
 def _told_to_go(go: Path, stop: Path) -> bool:
@@ -281,11 +280,9 @@ class _Files:
         self.outputs_max = {s["name"]: output_file_limit(_outputs_nbytes(s["outputs"])) for s in spec["prepared_shapes"]}
 
     def inputs(self, shape: str, seed: int) -> dict:
-        import torch
-
         path = _input_path(self.spec, shape, seed)
         if path not in self._inputs:  # mapped shared where they are locked in place (see load_inputs)
-            self._inputs[path] = load_inputs(path, shared=self.staging.pin_files and self.spec["device"] == "cuda")
+            self._inputs[path] = load_inputs(path, shared=self.staging.locks_in_place)
         return self._inputs[path]
 
     def all_inputs(self) -> list:

@@ -60,6 +60,11 @@ class Staging:
         self.pinned_bytes = 0  # in all, for the stages' record and the tests
 
     # -- page-locking host memory where it lies ---------------------------------------------------------------
+    @property
+    def locks_in_place(self) -> bool:
+        """Whether `pin` locks anything: files on a tmpfs, and a GPU to copy them to."""
+        return self.pin_files and self.device == "cuda"
+
     def pin(self, value, read_only: bool = True, keep: bool = False) -> bool:
         """Page-lock the whole pages inside host tensor `value` (a memory-mapped file's), outside any turn, so that
         `upload`/`download` move them by DMA alone. `read_only`: the memory is only read from (a read-only shared
@@ -69,7 +74,7 @@ class Staging:
         staged."""
         import torch
 
-        if not self.pin_files or self.device != "cuda" or not isinstance(value, torch.Tensor) \
+        if not self.locks_in_place or not isinstance(value, torch.Tensor) \
                 or value.device.type != "cpu" \
                 or not value.is_contiguous() or _nbytes(value) < STREAM_MIN_BYTES:
             return False
