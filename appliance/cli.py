@@ -93,8 +93,16 @@ def eval_(
     timeout: Annotated[float, typer.Option(help="Wall-clock limit for the candidate process, seconds.")] = 600.0,
     timing_budget: Annotated[float, typer.Option(help="Seconds of timed calls per shape and implementation.")] = 1.0,
     keep_job_dir: Annotated[bool, typer.Option(help="Keep the job directory (inputs, outputs, logs) for debugging.")] = False,
-    memory_limit: Annotated[float, typer.Option(help="Memory limit per jailed process, GiB (cgroup).")] = 32.0,
-    pids_limit: Annotated[int, typer.Option(help="Processes + threads limit per jailed process tree (cgroup).")] = 1024,
+    memory_limit: Annotated[Optional[float], typer.Option(
+        help="Memory limit per jailed process, GiB (cgroup; default APPLIANCE_JAIL_MEMORY_GIB or 32).")] = None,
+    pids_limit: Annotated[Optional[int], typer.Option(
+        help="Processes + threads per jailed process tree (default APPLIANCE_JAIL_PIDS or 1024).")] = None,
+    disk_limit: Annotated[Optional[float], typer.Option(
+        help="What a jailed process may write to its job folders, GiB, beside the candidate's outputs (default "
+             "APPLIANCE_JAIL_DISK_GIB or 16).")] = None,
+    cpu_limit: Annotated[Optional[int], typer.Option(
+        help="CPU seconds per jailed process (default APPLIANCE_JAIL_CPU_SECONDS, else every core for the whole "
+             "timeout).")] = None,
     profile: Annotated[bool, typer.Option(help="GPU: add an Nsight Compute summary (DRAM throughput, occupancy, "
                                                "top stalls) when the candidate passes.")] = False,
     unsafe_no_jail: Annotated[bool, typer.Option(
@@ -103,7 +111,6 @@ def eval_(
 ) -> None:
     """Evaluate CANDIDATE against TASK: load/compile -> correctness -> timing; store and print the verdict."""
     from appliance.evaluation.pipeline import resolve_device
-    from sandbox.jail import Jail
 
     s = state.settings
     unsafe = unsafe_no_jail or s.unsafe_no_jail
@@ -114,8 +121,10 @@ def eval_(
     try:
         t = load_task(task)
         dev = resolve_device(device)
-        jail = Jail(unsafe_no_jail=unsafe, gpu=(gpu or 0) if dev == "cuda" else None,
-                    memory_bytes=int(memory_limit * 2**30), pids_max=pids_limit)
+        limits = {k: v for k, v in dict(memory_bytes=memory_limit and int(memory_limit * 2**30), pids_max=pids_limit,
+                                         disk_bytes=disk_limit and int(disk_limit * 2**30),
+                                         cpu_seconds=cpu_limit).items() if v}
+        jail = s.jail((gpu or 0) if dev == "cuda" else None, unsafe, **limits)
         settings = EvalSettings(device=dev, mode=mode, baselines=names, timing_budget_s=timing_budget,
                                 candidate_timeout_s=timeout, jobs_dir=s.jobs_dir, keep_job_dir=keep_job_dir,
                                 state_dir=s.home, profile=profile, host_memory_bytes=s.host_memory_bytes)
@@ -150,7 +159,7 @@ def _record(task, candidate: Path, outcome: Outcome, settings: EvalSettings) -> 
 def _outcome_json(o: Outcome, evaluation_id: int, run_id: int) -> dict:
     return {
         "verdict": o.verdict, "stage": o.stage, "reason": o.reason, "passed": o.passed,
-        "jailed": o.jailed, "device": o.device, "mode": o.mode,
+        "jailed": o.jailed, "memory_limited": o.memory_limited, "device": o.device, "mode": o.mode,
         "speedup_vs_eager": o.speedup_vs_eager, "speedup_vs_compile": o.speedup_vs_compile,
         "timings": o.timings, "environment": o.environment, "evaluation_id": evaluation_id, "run_id": run_id,
         "wall_s": o.details.get("wall_s"), "evidence": o.details.get("evidence"), "ncu": o.details.get("ncu"),
@@ -169,7 +178,8 @@ def _print_outcome(o: Outcome, evaluation_id: int) -> None:
     head.add_row("verdict", f"[bold {color}]{o.verdict}[/]")
     head.add_row("stage", o.stage)
     head.add_row("reason", o.reason)
-    head.add_row("device", f"{o.device} ({o.mode} sizes)" + ("" if o.jailed else "  [bold red]UNJAILED[/]"))
+    head.add_row("device", f"{o.device} ({o.mode} sizes)" + ("" if o.jailed else "  [bold red]UNJAILED[/]")
+                 + ("" if o.memory_limited else "  [bold red]NO MEMORY LIMIT[/]"))
     head.add_row("stored", f"evaluation {evaluation_id}")
     out.print(head)
     if o.timings:
@@ -491,7 +501,6 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, superv
     With a `supervisor` (the controller) or `--executor workers`: each a worker process (appliance/worker.py);
     with a Ray executor: one per GPU of the Ray cluster (appliance/ray_executor.py); else in this process."""
     from appliance.evaluation.pipeline import default_slots, resolve_device
-    from sandbox.jail import Jail
 
     s = state.settings
     on_ray = s.executor not in ("local", "workers")
@@ -538,7 +547,7 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, superv
     if supervisor is not None:
         return supervisor.pipelines(indices, settings, slots, unsafe)
     memory = HostMemory(s.host_memory_bytes)  # this process's evaluations, on every GPU it uses
-    return [Pipeline(Jail(unsafe_no_jail=unsafe, gpu=g), settings, slots=slots, host_memory=memory) for g in indices]
+    return [Pipeline(s.jail(g, unsafe), settings, slots=slots, host_memory=memory) for g in indices]
 
 
 @app.command()
@@ -579,7 +588,8 @@ def worker(
     try:
         path = socket_file or workers.socket_path(s.home, g)
         in_flight = slots or default_slots(0 if g is None else 1)
-        server = workers.WorkerServer(g, path, in_flight, unsafe, s.home, s.jobs_dir, log, s.host_memory_bytes)
+        server = workers.WorkerServer(g, path, in_flight, unsafe, s.home, s.jobs_dir, log, s.host_memory_bytes,
+                                      jail=s.jail(g, unsafe))
         server.serve(parent)
     except (ApplianceError, JailUnavailable) as e:
         log(f"error: {e}")
@@ -736,7 +746,7 @@ def show(
         print(json.dumps(data, default=str))
         return
     head = Table.grid(padding=(0, 2))
-    for key in ("id", "created_at", "verdict", "stage", "reason", "device", "mode", "jailed"):
+    for key in ("id", "created_at", "verdict", "stage", "reason", "device", "mode", "jailed", "memory_limited"):
         head.add_row(key, str(data[key]))
     head.add_row("environment", ", ".join(f"{k}={v}" for k, v in (ev.environment or {}).items()))
     out.print(head)
@@ -756,9 +766,10 @@ def doctor(
     from appliance import doctor as checks
 
     s = state.settings
+    jail = s.jail()
     results = checks.run_checks(s.db_url, s.llm_url, s.llm_model, metrics_port or None, s.jobs_dir,
-                                s.host_memory_bytes)
-    report = checks.as_json(results)
+                                s.host_memory_bytes, jail)
+    report = checks.as_json(results, jail)
     if as_json:
         print(json.dumps(report))
     else:
@@ -769,9 +780,9 @@ def doctor(
             status = "[green]ok[/]" if c.ok else ("[red]FAIL[/]" if c.required else "[yellow]warn[/]")
             table.add_row(c.name, status, c.detail, c.fix)
         out.print(table)
-        out.print("The jail enforces:")
-        for line in checks.enforced():
-            out.print(f"  - {line}")
+        out.print("The jail's policy (sandbox/policy.py), the value every run renders into bubblewrap's arguments:")
+        for line in checks.policy_lines(jail):
+            out.print(f"  {line}", highlight=False, soft_wrap=True)
     raise typer.Exit(0 if report["ok"] else 3)
 
 

@@ -29,7 +29,7 @@ def _positive_float(name: str) -> float | None:
     if not (number > 0 and math.isfinite(number)):
         from appliance.errors import ConfigError
 
-        raise ConfigError(f"{name}={value!r}: expected a positive number of GiB")
+        raise ConfigError(f"{name}={value!r}: expected a positive number")
     return number
 
 
@@ -53,6 +53,17 @@ class Settings:
     # APPLIANCE_HOST_MEMORY_GIB: host memory this host's evaluations in flight may hold, in all (output files on the
     # tmpfs, harness processes). Default: 75% of MemTotal (appliance/evaluation/host_memory.py).
     host_memory_gib: float | None = None
+    # The jail's limits per jailed process (sandbox/jail.py), for every evaluation of this host: `eval`, searches,
+    # worker processes and Ray actors alike. APPLIANCE_JAIL_MEMORY_GIB (memory cgroup), APPLIANCE_JAIL_PIDS
+    # (processes + threads), APPLIANCE_JAIL_DISK_GIB (what a job's folders may hold), APPLIANCE_JAIL_CPU_SECONDS
+    # (CPU time per process; default: every core for the whole timeout).
+    jail_memory_gib: float = 32.0
+    jail_pids: int = 1024
+    jail_disk_gib: float = 16.0
+    jail_cpu_seconds: int | None = None
+    # APPLIANCE_UNSAFE_NO_MEMORY_LIMIT=1: OPERATOR OPT-OUT. Evaluate where no memory limit can be enforced (a memory
+    # bomb can then take the host into a global OOM); every verdict is stored with memory_limited = false.
+    unsafe_no_memory_limit: bool = False
 
     @classmethod
     def load(cls, db_url: str | None = None) -> Settings:
@@ -67,7 +78,21 @@ class Settings:
                    llm_max_tokens=int(os.environ.get("APPLIANCE_LLM_MAX_TOKENS", "4096")),
                    executor=os.environ.get("APPLIANCE_EXECUTOR") or "local",
                    jobs=Path(os.environ["APPLIANCE_JOBS_DIR"]) if os.environ.get("APPLIANCE_JOBS_DIR") else None,
-                   host_memory_gib=_positive_float("APPLIANCE_HOST_MEMORY_GIB"))
+                   host_memory_gib=_positive_float("APPLIANCE_HOST_MEMORY_GIB"),
+                   jail_memory_gib=_positive_float("APPLIANCE_JAIL_MEMORY_GIB") or 32.0,
+                   jail_pids=int(_positive_float("APPLIANCE_JAIL_PIDS") or 1024),
+                   jail_disk_gib=_positive_float("APPLIANCE_JAIL_DISK_GIB") or 16.0,
+                   jail_cpu_seconds=int(_positive_float("APPLIANCE_JAIL_CPU_SECONDS") or 0) or None,
+                   unsafe_no_memory_limit=_truthy(os.environ.get("APPLIANCE_UNSAFE_NO_MEMORY_LIMIT")))
+
+    def jail(self, gpu: int | None = None, unsafe_no_jail: bool = False, **overrides):
+        """The jail every evaluation of this host uses, with this host's limits (flags may override them)."""
+        from sandbox.jail import Jail
+
+        options = dict(memory_bytes=int(self.jail_memory_gib * 2**30), pids_max=self.jail_pids,
+                       disk_bytes=int(self.jail_disk_gib * 2**30), cpu_seconds=self.jail_cpu_seconds,
+                       unsafe_no_memory_limit=self.unsafe_no_memory_limit)
+        return Jail(unsafe_no_jail=unsafe_no_jail, gpu=gpu, **options | overrides)
 
     @property
     def host_memory_bytes(self) -> int | None:

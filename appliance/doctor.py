@@ -19,8 +19,11 @@ class Check:
 
 
 def run_checks(db_url: str, llm_url: str | None = None, llm_model: str = "", metrics_port: int | None = None,
-               jobs_dir: Path | None = None, host_memory_bytes: int | None = None) -> list[Check]:
-    checks = [_bwrap(), _seccomp(), _jail(), _cgroups(), _userns(), _torch(), _gpu(), _gpu_roles(llm_url),
+               jobs_dir: Path | None = None, host_memory_bytes: int | None = None, jail=None) -> list[Check]:
+    from sandbox.jail import Jail
+
+    jail = jail or Jail()
+    checks = [_bwrap(jail), _seccomp(), _jail(jail), _cgroups(jail), _userns(jail), _torch(), _gpu(), _gpu_roles(llm_url),
               _database(db_url), _llm(llm_url, llm_model)]
     if jobs_dir is not None:
         checks += [_jobs_dir(jobs_dir), _host_memory(jobs_dir, host_memory_bytes)]
@@ -29,25 +32,22 @@ def run_checks(db_url: str, llm_url: str | None = None, llm_model: str = "", met
     return checks
 
 
-def enforced() -> list[str]:
-    """What the jail enforces on every candidate (see sandbox/jail.py)."""
-    return [
-        "network: own namespace (only lo) + seccomp refuses non-AF_UNIX sockets",
-        "filesystem: read-only system dirs and Python install; private job dir, /tmp, HOME and caches; "
-        "task, database, other jobs and the host's home invisible",
-        "processes: own PID/IPC/UTS namespaces, uid 65534, no capabilities, no new privileges",
-        "seccomp: kills ptrace, process_vm_*, bpf, module loading; refuses mount, unshare/setns, namespace clones, "
-        "keyrings, io_uring, perf_event_open",
-        "limits: memory and processes (cgroup), CPU time, file size, open files, output kept, wall clock "
-        "(whole tree killed)",
-        "GPU: only the assigned evaluation GPU's device node and CUDA_VISIBLE_DEVICES",
-    ]
-
-
-def _bwrap() -> Check:
+def policy(jail=None) -> dict:
+    """The jail's policy as the value every run renders into bubblewrap's arguments (sandbox/policy.py)."""
     from sandbox.jail import Jail
 
-    path = Jail().bwrap
+    return (jail or Jail()).policy().as_dict()
+
+
+def policy_lines(jail=None) -> list[str]:
+    from sandbox.jail import Jail
+    from sandbox.policy import describe
+
+    return describe((jail or Jail()).policy())
+
+
+def _bwrap(jail) -> Check:
+    path = jail.bwrap
     if not path or not os.access(path, os.X_OK):
         return Check("bubblewrap", False, "bwrap not found", "apt-get install bubblewrap (or set APPLIANCE_BWRAP)")
     version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.strip()
@@ -64,29 +64,41 @@ def _seccomp() -> Check:
     return Check("seccomp", True, "libseccomp filter compiles (pyseccomp)")
 
 
-def _jail() -> Check:
-    from sandbox.jail import Jail, JailUnavailable
+def _jail(jail) -> Check:
+    from sandbox.jail import JailUnavailable
 
     try:
-        Jail().check()
+        jail.check()
     except JailUnavailable as e:
         return Check("jail", False, str(e), "see the message; `appliance eval --unsafe-no-jail` is for development only")
-    return Check("jail", True, "a test process ran inside bwrap with the seccomp filter")
+    who = "an unprivileged host uid of its own (the worker is root)" if jail.host_uid_mode else \
+        "uid 65534 in a user namespace"
+    return Check("jail", True, f"a test process ran inside bwrap with the seccomp filter, as {who}")
 
 
-def _cgroups() -> Check:
+def _cgroups(jail) -> Check:
+    """No candidate runs without a memory limit, unless the operator opted out (then a loud warning)."""
     from sandbox.cgroup import CgroupUnavailable, probe
 
     try:
-        return Check("cgroups", True, probe(), required=False)
+        return Check("memory limit", True, probe())
     except (CgroupUnavailable, OSError) as e:
-        return Check("cgroups", False, f"{e}; memory and process limits fall back to none (rlimits still apply)",
-                     "run the worker as root, or under systemd with Delegate=yes", required=False)
+        if jail.unsafe_no_memory_limit:
+            return Check("memory limit", False, f"{e}; UNSAFE: APPLIANCE_UNSAFE_NO_MEMORY_LIMIT is set, so candidates "
+                         "run WITHOUT a memory limit (a memory bomb can take the host into a global OOM); every "
+                         "verdict is stored with memory_limited = false",
+                         "run the worker as root, or under systemd with Delegate=yes", required=False)
+        return Check("memory limit", False, f"{e}: no memory limit can be enforced, so no candidate runs here",
+                     "run the worker as root, or under systemd with Delegate=yes (cgroup v2 with memory delegated, "
+                     "or cgroup v1); operator opt-out: APPLIANCE_UNSAFE_NO_MEMORY_LIMIT=1")
 
 
-def _userns() -> Check:
+def _userns(jail) -> Check:
     path = Path("/proc/sys/user/max_user_namespaces")
     value = path.read_text().strip() if path.exists() else "unknown"
+    if jail.host_uid_mode:
+        return Check("user namespaces", True, f"max_user_namespaces={value} (not needed: the worker is root, each jail "
+                     "runs as a host uid of its own)", required=False)
     ok = value != "0"
     return Check("user namespaces", ok, f"max_user_namespaces={value}", "" if ok else
                  "sysctl user.max_user_namespaces=15000")
@@ -173,9 +185,9 @@ def _database(url: str) -> Check:
     return Check("database", True, f"{shown} (schema {version})")
 
 
-def as_json(checks: list[Check]) -> dict:
+def as_json(checks: list[Check], jail=None) -> dict:
     return {"ok": all(c.ok or not c.required for c in checks), "checks": [asdict(c) for c in checks],
-            "enforced": enforced()}
+            "policy": policy(jail)}
 
 
 def _gpu_roles(llm_url: str | None) -> Check:

@@ -199,7 +199,6 @@ class EvaluationWorker:
         import ray
 
         from appliance.config import Settings
-        from sandbox.jail import Jail
 
         gpu = int(ray.get_gpu_ids()[0]) if settings.device == "cuda" else None
         # This host's own directories (APPLIANCE_HOME of the worker's unit), not the controller's paths.
@@ -207,7 +206,7 @@ class EvaluationWorker:
         home = host.home
         local = dataclasses.replace(settings, jobs_dir=host.jobs_dir, state_dir=home,
                                     host_memory_bytes=host.host_memory_bytes)
-        self.pipeline = Pipeline(Jail(unsafe_no_jail=unsafe, gpu=gpu), local, slots)
+        self.pipeline = Pipeline(host.jail(gpu, unsafe), local, slots)  # this host's jail limits
         self.pipeline.profile_if = self._profile_if
         self.local = threading.local()  # the profile threshold of the evaluation this thread runs
         # The threshold left the controller with the evaluation, tens of seconds before it is used: meanwhile other
@@ -314,12 +313,11 @@ class CompileWorker:
     def __init__(self, arch: int, slots: int, unsafe: bool):
         from appliance.config import Settings
         from appliance.evaluation.compile_screen import CompileScreen
-        from sandbox.jail import Jail
 
-        jobs = Settings.load().jobs_dir
-        self.folder = JobFolder(jobs)
+        host = Settings.load()
+        self.folder = JobFolder(host.jobs_dir)
         self.dir = self.folder.path
-        self.compile_screen = CompileScreen(Jail(unsafe_no_jail=unsafe), self.dir / "jobs", arch, slots)
+        self.compile_screen = CompileScreen(host.jail(None, unsafe), self.dir / "jobs", arch, slots)
         self.tasks = RebuiltTasks(self.dir / "task")
 
     def close(self) -> None:

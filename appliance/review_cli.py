@@ -128,13 +128,12 @@ def register(app: typer.Typer) -> None:
         the gate now, or slower beyond the noise). Exit code 1 when any regressed."""
         from appliance.evaluation.pipeline import EvalSettings, resolve_device
         from appliance.recheck import recheck as run_recheck
-        from sandbox.jail import Jail
 
         s = _settings()
         unsafe = unsafe_no_jail or s.unsafe_no_jail
         try:
             dev = resolve_device(device)
-            jail = Jail(unsafe_no_jail=unsafe, gpu=(gpu or 0) if dev == "cuda" else None)
+            jail = s.jail((gpu or 0) if dev == "cuda" else None, unsafe)
             # The baselines a search times (eager, and torch.compile on a GPU), so speedups read the same.
             settings = EvalSettings(device=dev, baselines=("eager", "compile") if dev == "cuda" else ("eager",),
                                     timing_budget_s=timing_budget, jobs_dir=s.jobs_dir, state_dir=s.home,

@@ -107,13 +107,13 @@ class _Stop(Exception):
 
 class WorkerServer:
     def __init__(self, gpu: int | None, path: Path, slots: int, unsafe: bool, home: Path, jobs_dir: Path,
-                 log: Callable[[str], None], host_memory_bytes: int | None = None):
+                 log: Callable[[str], None], host_memory_bytes: int | None = None, jail=None):
         from sandbox.jail import Jail
 
         self.gpu, self.path, self.slots, self.home, self.jobs_dir, self.log = gpu, path, slots, home, jobs_dir, log
         self.host_memory_bytes = host_memory_bytes  # this host's (APPLIANCE_HOST_MEMORY_GIB), not the client's
         self.key = authkey(home)
-        self.jail = Jail(unsafe_no_jail=unsafe, gpu=gpu)
+        self.jail = jail or Jail(unsafe_no_jail=unsafe, gpu=gpu)  # the host's limits (Settings.jail)
         self.host = socket.gethostname()
         self.free = threading.BoundedSemaphore(slots)  # evaluations at once; the rest wait for a free one
         self.lock = threading.Lock()

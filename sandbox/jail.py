@@ -1,11 +1,16 @@
 """Run one harness process in a bubblewrap jail; fail closed when the jail cannot be built.
 
-Enforced: own network namespace (only `lo`) and a seccomp filter (sandbox/seccomp.py) that also refuses IP and
-netlink sockets; own PID/IPC/UTS namespaces; an unprivileged user with no capabilities and no new privileges;
-a read-only minimal view of the system (system dirs, the Python installation, the harness package) plus the
-job's own directories, a private /tmp and private caches; only the assigned GPU's device nodes; a cleared
-environment; a memory and a process limit (sandbox/cgroup.py, where the host has cgroups); rlimits on CPU time,
-file size, open files and core dumps; captured output capped; a wall-clock timeout that kills the whole tree.
+The whole policy is one value (sandbox/policy.py, `Jail.policy()`): rendered into bubblewrap's arguments here and
+printed by `appliance doctor`. Enforced: own network namespace (only `lo`) and a seccomp filter (sandbox/seccomp.py)
+that also refuses IP and netlink sockets; own PID/IPC/UTS/cgroup namespaces; never host root: a worker running as
+root gives each jail an unprivileged host uid of its own (`UidPool`), an unprivileged worker maps uid 65534 in a user
+namespace to itself; no capabilities, no new privileges; a read-only minimal view of the system (system dirs, an
+allowlist of /etc and /sys, /proc/sys read-only, the Python installation, the harness package) plus the job's own
+folders, a private /tmp and private caches; only the assigned GPU's device nodes; a cleared environment; a memory
+limit (sandbox/cgroup.py: no candidate runs without one, unless the operator opts out loudly) and a process limit
+(the pids controller, else RLIMIT_NPROC); rlimits on CPU time (soft below hard, so the kill names the limit), file
+size, open files and core dumps; the job's writable folders watched against a disk cap; captured output capped; a
+wall-clock timeout that kills the whole tree.
 
 `unsafe_no_jail=True` runs the same command as a plain subprocess (limits still apply), for development on
 hosts without bubblewrap; callers must mark every result produced that way.
@@ -13,26 +18,52 @@ hosts without bubblewrap; callers must mark every result produced that way.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import glob
 import os
+import random
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import sandbox
+from sandbox import policy as jail_policy
 from sandbox.cgroup import CgroupUnavailable, JobCgroup
 from sandbox.gate import DeviceGate, TurnChannel, TurnRecord
+from sandbox.policy import Identity, Policy
 from sandbox.seccomp import SeccompUnavailable, bpf_file
+from sandbox.seccomp import policy as seccomp_policy
 
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc", "/sys", "/opt/nvidia")
 OUTPUT_TAIL = 64 << 10  # bytes of stdout/stderr kept per process; the rest is counted and dropped
+CPU_GRACE_S = 5  # hard CPU limit = soft + this: SIGXCPU at the soft limit names the limit, SIGKILL follows
+DISK_POLL_S = 0.1  # how often the job's writable folders are measured against the disk cap
+DISK_MAX_ENTRIES = 100_000  # files and folders a job may create; past it, counting them is the attack
+# Host uids for jails when the worker is root: far above regular and system users and the usual subordinate-uid
+# ranges; one per jail at a time; their shared group reads the job's read-only folders.
+JAIL_UID_BASE = 2_000_000_000
+JAIL_UID_COUNT = 4096
+JAIL_GROUP = JAIL_UID_BASE - 1
+UID_SWITCH = (  # run inside the jail as root, before the harness: drop to the jail's uid, then exec it
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "uid, gid, groups = int(sys.argv[1]), int(sys.argv[2]), [int(g) for g in sys.argv[3].split(',') if g]\n"
+    "for cap in range(64):  # the bounding set too: nothing is left to regain\n"
+    "    if libc.prctl(24, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:\n"
+    "        sys.exit(f'jail: cannot drop capability {cap} from the bounding set')\n"
+    "os.setgroups(groups); os.setresgid(gid, gid, gid); os.setresuid(uid, uid, uid)\n"
+    "if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or 0 in os.getgroups():\n"
+    "    sys.exit('jail: the switch to the jail uid did not hold')\n"
+    "os.chdir(sys.argv[4])  # the job's folder is the jail uid's own: entered after the switch\n"
+    "os.execv(sys.argv[5], sys.argv[5:])\n"
+)
 
 
 class JailUnavailable(RuntimeError):
@@ -48,9 +79,10 @@ class JailResult:
     stderr: str
     jailed: bool
     output_bytes: int = 0  # stdout + stderr produced, kept or not
-    limit_events: dict = field(default_factory=dict)  # {"oom_kill": n, "pids_max": n} from the job's cgroup
+    limit_events: dict = field(default_factory=dict)  # {"oom_kill": n, "pids_max": n, "disk_limit": bytes, ...}
     limits: dict = field(default_factory=dict)  # what was enforced, for the record
     turns: dict | None = None  # device turns taken (sandbox/gate.py): waited, held, joules while held
+    cpu_s: float | None = None  # CPU seconds of the whole tree (its cgroup's count; unjailed: the reaped tree's)
 
     @property
     def signal(self) -> int | None:
@@ -61,6 +93,46 @@ class JailResult:
         if rc < 0:
             return -rc
         return rc - 128 if self.jailed and 128 < rc < 160 else None
+
+    @property
+    def memory_limited(self) -> bool:
+        """Whether a memory limit bound this run (False only under the operator's opt-out, or unjailed)."""
+        return str(self.limits.get("cgroup", "")).startswith("v")
+
+
+class UidPool:
+    """Unprivileged host uids for jails of a root worker, one per jail at a time across every process of the host
+    (an flock per uid in a root-only folder; a killed holder's lock goes with it)."""
+
+    def __init__(self, base: int = JAIL_UID_BASE, count: int = JAIL_UID_COUNT, lock_dir: Path | None = None):
+        self.base, self.count = base, count
+        self.lock_dir = lock_dir or _root_only_dir()
+
+    def take(self) -> tuple[int, int]:
+        """(uid, lock fd): close the fd to give the uid back."""
+        first = random.randrange(self.count)
+        for i in range(self.count):
+            uid = self.base + (first + i) % self.count
+            fd = os.open(self.lock_dir / str(uid), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return uid, fd
+            except BlockingIOError:
+                os.close(fd)
+        raise JailUnavailable(f"all {self.count} jail uids from {self.base} are in use")
+
+
+def _root_only_dir() -> Path:
+    for parent in ("/run", tempfile.gettempdir()):
+        path = Path(parent) / "appliance-jail-uids"
+        try:
+            path.mkdir(mode=0o700, exist_ok=True)
+        except OSError:
+            continue
+        st = path.lstat()
+        if st.st_uid == 0 and not st.st_mode & 0o077 and path.is_dir() and not path.is_symlink():
+            return path
+    raise JailUnavailable("no root-only folder for the jail uids' locks under /run or the temp folder")
 
 
 @dataclass
@@ -73,11 +145,22 @@ class Jail:
     max_file_bytes: int = 16 << 30
     open_files: int = 4096
     scratch_bytes: int = 4 << 30  # size of each private tmpfs (/tmp, /dev/shm, the job's tmp/ with its caches)
-    use_cgroups: bool = True  # where the host has them; `limits` in each result says whether they applied
+    disk_bytes: int = 16 << 30  # what the job's writable folders (workdir, rw) may hold in all; run() may say less
+    cpu_seconds: int | None = None  # soft CPU-time limit per process; None: every core for the whole timeout
+    # OPERATOR OPT-OUT, loudly named: run candidates where no memory limit can be enforced (a memory bomb can then
+    # take the host into a global OOM). Every result says so (JailResult.memory_limited, stored with the verdict).
+    unsafe_no_memory_limit: bool = False
+    uid_pool: UidPool | None = None  # jail uids of a root worker (made on first use)
     _checked: bool = field(default=False, init=False, repr=False)
+    _memory_limit: bool | None = field(default=None, init=False, repr=False)
+
+    @property
+    def host_uid_mode(self) -> bool:
+        """A worker running as root never lets the jail be root: each jail runs as a host uid of its own."""
+        return os.geteuid() == 0 and not self.unsafe_no_jail
 
     def check(self) -> None:
-        """Raise JailUnavailable with a fix hint unless bubblewrap works here."""
+        """Raise JailUnavailable with a fix hint unless bubblewrap, seccomp and a memory limit work here."""
         if self.unsafe_no_jail or self._checked:
             return
         if not self.bwrap or not os.access(self.bwrap, os.X_OK):
@@ -88,26 +171,75 @@ class Jail:
                 "For development only, --unsafe-no-jail runs candidates unjailed."
             )
         try:
-            seccomp_fd = bpf_file()
+            os.close(bpf_file())
         except SeccompUnavailable as e:
             raise JailUnavailable(str(e)) from None
-        try:
-            probe = subprocess.run([self.bwrap, *self._base_args(), "--seccomp", str(seccomp_fd), "--", "/bin/true"],
-                                   capture_output=True, text=True, pass_fds=(seccomp_fd,))
-        finally:
-            os.close(seccomp_fd)
+        limits: dict = {}
+        cgroup = self._cgroup(limits)  # raises unless a memory limit can be had (or the operator opted out)
+        if cgroup:
+            cgroup.remove()
+        probe = self._probe()
         if probe.returncode != 0:
             raise JailUnavailable(
-                f"bubblewrap at {self.bwrap} cannot create the jail: {probe.stderr.strip()[:500]}. It needs user "
-                "and network namespaces (check kernel.unprivileged_userns_clone / user.max_user_namespaces, "
-                "or run the worker as root)."
+                f"bubblewrap at {self.bwrap} cannot create the jail: {probe.stderr.strip()[:500]}. It needs "
+                "network, PID and (for a worker that is not root) user namespaces (check "
+                "user.max_user_namespaces), or run the worker as root."
             )
         self._checked = True
 
+    def memory_limit_enforced(self) -> bool:
+        """Whether runs here are held to a memory limit: False only where none can be had and the operator opted
+        out (or, unjailed, where the host has no cgroups)."""
+        if self._memory_limit is None:
+            try:
+                JobCgroup.create(self.memory_bytes, self.pids_max).remove()
+                self._memory_limit = True
+            except CgroupUnavailable:
+                self._memory_limit = False
+        return self._memory_limit
+
+    def _probe(self) -> JailResult:
+        self._checked = True  # _run checks first; the probe is the check's last step
+        try:
+            with tempfile.TemporaryDirectory(prefix="appliance-jail-probe-") as tmp:
+                return self._run(["/bin/true"], Path(tmp), [], [], self._env(Path(tmp)), 30,
+                                 self._limits(30, self.disk_bytes), None, None, self.disk_bytes)
+        finally:
+            self._checked = False
+
+    def policy(self, identity: Identity | None = None, workdir: Path | None = None, ro=(), rw=()) -> Policy:
+        """The jail as one value: what `run` renders into bubblewrap's arguments, and what `doctor` prints."""
+        identity = identity or self._identity(JAIL_UID_BASE if self.host_uid_mode else None)
+        mounts = jail_policy.system_mounts(_python_paths(), Path(sandbox.__file__).resolve().parent,
+                                           self._gpu_nodes(), self.scratch_bytes, jail_policy.etc_files(identity))
+        if workdir is not None:
+            mounts += jail_policy.job_mounts(workdir, ro, rw, self.scratch_bytes)
+        cpu = self.cpu_seconds or self._cpu_seconds(600.0)
+        rlimits = {"core": (0, 0), "fsize": (self.max_file_bytes,) * 2, "nofile": (self.open_files,) * 2,
+                   "cpu": (cpu, cpu + CPU_GRACE_S)}
+        return Policy(
+            identity=identity,
+            namespaces=("pid", "net", "ipc", "uts", "cgroup", "mount") + (("user",) if identity.mode == "userns"
+                                                                           else ()),
+            mounts=tuple(jail_policy.with_parents(jail_policy.present(mounts))),
+            rlimits=rlimits,
+            cgroup={"memory_bytes": self.memory_bytes, "pids_max": self.pids_max,
+                    "processes": "pids controller where delegated, else RLIMIT_NPROC",
+                    "without a memory limit": "allowed (operator opt-out)" if self.unsafe_no_memory_limit
+                    else "nothing runs"},
+            disk_bytes=self.disk_bytes,
+            seccomp=seccomp_policy(),
+            environment=tuple(sorted(self._env(workdir or Path("/job")))),
+            notes=("no capabilities, no new privileges; /proc fresh for the PID namespace, /proc/sys read-only to a "
+                   "non-root uid", "the whole tree killed at the wall-clock limit"),
+        )
+
     def run(self, argv: list[str], *, workdir: Path, ro: list[Path] = (), rw: list[Path] = (),
             env: dict[str, str] | None = None, timeout_s: float = 600.0, gate: DeviceGate | None = None,
-            exclusive: bool = False, resident_bytes: int | None = 0) -> JailResult:
+            exclusive: bool = False, resident_bytes: int | None = 0, disk_bytes: int | None = None) -> JailResult:
         """Run argv with `workdir` (writable, also HOME/TMPDIR/caches), `rw` writable and `ro` read-only paths.
+        Together, workdir and rw may hold `disk_bytes` (default: the jail's disk_bytes; the caller, who knows what
+        the job must write, may set its own).
 
         With a `gate`, the process takes turns on the device (sandbox/gate.py): it asks for them itself, or, with
         `exclusive`, holds one from start to end. It holds `resident_bytes` of device memory while resident (None:
@@ -116,19 +248,21 @@ class Jail:
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
         channel = gate.open_channel(resident_bytes) if gate is not None and not exclusive else None
         full_env = self._env(workdir) | (env or {}) | (channel.env() if channel else {})
-        limits = {"cpu_seconds": self._cpu_seconds(timeout_s), "file_bytes": self.max_file_bytes,
-                  "open_files": self.open_files, "wall_seconds": timeout_s, "output_kept_bytes": OUTPUT_TAIL}
-        cgroup = self._cgroup(limits)
-        record, held = TurnRecord(), None
+        disk = disk_bytes or self.disk_bytes
+        limits = self._limits(timeout_s, disk)
+        record, held, cgroup = TurnRecord(), None, None
         if gate is not None and exclusive:
             gate.admit(record, resident_bytes)
         try:
+            cgroup = self._cgroup(limits)
             if gate is not None and exclusive:
                 held = gate.acquire(record)
-            result = self._run(argv, workdir, ro, rw, full_env, timeout_s, limits, cgroup, channel)
+            result = self._run(argv, workdir, list(ro), list(rw), full_env, timeout_s, limits, cgroup, channel, disk)
         except BaseException:
             if channel:
                 channel.close_unstarted()  # nothing was started (no jail, no fork): no pipe may leak
+            if cgroup:
+                cgroup.remove()
             raise
         finally:
             if held is not None:
@@ -141,110 +275,165 @@ class Jail:
         return result
 
     def _run(self, argv, workdir: Path, ro, rw, full_env: dict, timeout_s: float, limits: dict,
-             cgroup: JobCgroup | None, channel: TurnChannel | None) -> JailResult:
+             cgroup: JobCgroup | None, channel: TurnChannel | None, disk: int) -> JailResult:
         pass_fds: tuple[int, ...] = channel.child_fds if channel else ()
+        uid_lock, identity = None, None
         if self.unsafe_no_jail:
             cmd = argv
         else:
             self.check()
+            if self.host_uid_mode:
+                self.uid_pool = self.uid_pool or UidPool()
+                uid, uid_lock = self.uid_pool.take()
+                identity = self._identity(uid)
+                _grant(identity, [workdir, *rw], ro)
+            else:
+                identity = self._identity(None)
+            pol = self.policy(identity, workdir, ro, rw)
             seccomp_fd = bpf_file()
-            pass_fds += (seccomp_fd,)
-            cmd = [self.bwrap, *self._base_args(), "--seccomp", str(seccomp_fd),
-                   *self._bind_args(workdir, ro, rw), "--chdir", str(workdir),
-                   "--clearenv", *[a for k, v in full_env.items() for a in ("--setenv", k, v)], "--", *argv]
+            data_fds = []
+            args = []
+            for m in pol.mounts:
+                if m.kind == "data":
+                    fd = os.memfd_create("jail-etc")
+                    os.write(fd, m.text.encode())
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    data_fds.append(fd)
+                    args += ["--perms", "0444", "--ro-bind-data", str(fd), m.dest]
+                else:
+                    args += m.args()
+            pass_fds += (seccomp_fd, *data_fds)
+            cmd = [self.bwrap, *self._namespace_args(identity), "--seccomp", str(seccomp_fd), *args,
+                   "--chdir", "/" if identity.mode == "host-uid" else str(workdir), "--clearenv",
+                   *[a for k, v in full_env.items() for a in ("--setenv", k, v)], "--"]
+            if identity.mode == "host-uid":
+                cmd += [_python(), "-I", "-S", "-c", UID_SWITCH, str(identity.uid), str(identity.gid),
+                        ",".join(map(str, identity.groups)), str(workdir)]
+            cmd += argv
             limits["seccomp"] = True
+            limits["identity"] = f"{identity.mode} uid {identity.uid}"
+        limits["processes"] = "cgroup pids" if cgroup and "pids" in cgroup.dirs else "RLIMIT_NPROC"
+        nproc = None if limits["processes"] == "cgroup pids" else self.pids_max
+        watch = _DiskWatch([workdir, *rw], disk)
         start, oom_kills = time.monotonic(), host_oom_kills()
         try:
-            # bwrap gets the cleared environment too: it is PID 1 inside, and /proc/1/environ is readable there.
-            proc = subprocess.Popen(cmd, cwd=workdir, env=full_env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, pass_fds=pass_fds,
-                                    preexec_fn=lambda: self._in_child(cgroup, limits["cpu_seconds"]))
-        finally:
-            for fd in pass_fds[2 if channel else 0:]:  # the seccomp filter; the turn pipes are the channel's
-                os.close(fd)
-        if channel:
-            channel.start()
-        out, err = _Drain(proc.stdout), _Drain(proc.stderr)
-        timed_out = False
-        try:
-            _wait(proc, timeout_s, channel)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            # bwrap is the PID-namespace init: killing its group takes down every descendant, setsid or not;
-            # the cgroup catches whatever escaped (unsafe mode, or a process that outlived its namespace).
-            _kill_group(proc)
+            try:
+                # bwrap gets the cleared environment too: it is PID 1 inside, and /proc/1/environ is readable there.
+                proc = subprocess.Popen(cmd, cwd=workdir, env=full_env,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True, pass_fds=pass_fds,
+                                        preexec_fn=lambda: self._in_child(cgroup, limits, nproc))
+            finally:
+                for fd in pass_fds[2 if channel else 0:]:  # seccomp and /etc files; the turn pipes are the channel's
+                    os.close(fd)
+            if channel:
+                channel.start()
+            reaper = _Reaper(proc)
+            out, err = _Drain(proc.stdout), _Drain(proc.stderr)
+            ended = None
+            try:
+                ended = _wait(reaper, timeout_s, channel, watch)
+            finally:
+                # bwrap is the PID-namespace init: killing its group takes down every descendant, setsid or not;
+                # the cgroup catches whatever escaped (unsafe mode, or a process that outlived its namespace).
+                _kill_group(proc, reaper)
+                if cgroup:
+                    cgroup.kill_all()
+            out.join(), err.join()
+            events = cgroup.events() if cgroup else {}
+            cpu_s = cgroup.cpu_seconds() if cgroup else None
             if cgroup:
-                cgroup.kill_all()
-        out.join(), err.join()
-        events = cgroup.events() if cgroup else {}
-        if cgroup:
-            cgroup.remove()
+                cgroup.remove()
+            if ended == "disk":
+                events["disk_limit"] = watch.peak
+            if identity is not None and identity.mode == "host-uid":
+                _reclaim([workdir, *rw])
+        finally:
+            if uid_lock is not None:
+                os.close(uid_lock)
         now = host_oom_kills()
         if oom_kills is not None and now is not None and now > oom_kills:
             # The kernel killed something for want of memory while this ran: the likely reason for a SIGKILL that no
             # limit of ours explains (the callers decide whose fault it is).
             events["host_oom_kills"] = now - oom_kills
         return JailResult(
-            returncode=proc.returncode, timed_out=timed_out, wall_s=time.monotonic() - start,
+            returncode=proc.returncode, timed_out=ended == "timeout", wall_s=time.monotonic() - start,
             stdout=out.text(), stderr=err.text(), jailed=not self.unsafe_no_jail,
             output_bytes=out.total + err.total, limit_events=events, limits=limits,
+            cpu_s=cpu_s if cpu_s is not None else reaper.cpu_s,
         )
 
+    def _identity(self, uid: int | None) -> Identity:
+        if uid is None:
+            return Identity("userns", os.geteuid(), os.getegid())
+        groups = sorted({JAIL_GROUP, *self._gpu_groups()})
+        return Identity("host-uid", uid, uid, tuple(groups), inside_uid=uid)
+
+    def _namespace_args(self, identity: Identity) -> list[str]:
+        args = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session"]
+        if identity.mode == "userns":
+            return args + ["--unshare-user", "--uid", "65534", "--gid", "65534", "--disable-userns",
+                           "--cap-drop", "ALL"]
+        # Privileged bubblewrap (the worker is root) in the host's user namespace: only what the switch to the jail
+        # uid needs survives, and the switch drops it (UID_SWITCH).
+        return args + ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                       "--cap-add", "CAP_SETPCAP"]
+
     def _cgroup(self, limits: dict) -> JobCgroup | None:
-        if not self.use_cgroups:
-            return None
         try:
             cgroup = JobCgroup.create(self.memory_bytes, self.pids_max)
         except CgroupUnavailable as e:
+            if not (self.unsafe_no_memory_limit or self.unsafe_no_jail):
+                raise JailUnavailable(
+                    f"no memory limit can be enforced on this host ({e}), so no candidate runs: a memory bomb would "
+                    "take the host into a global OOM. Fix: run the worker as root or under systemd with "
+                    "Delegate=yes (cgroup v2 with the memory controller delegated, or cgroup v1). Operator opt-out, "
+                    "every verdict then stored as not memory-limited: APPLIANCE_UNSAFE_NO_MEMORY_LIMIT=1"
+                ) from None
             limits["cgroup"] = f"unavailable: {e}"
             return None
         limits.update(memory_bytes=self.memory_bytes, pids_max=self.pids_max, cgroup=f"v{cgroup.version}")
         return cgroup
 
+    def _limits(self, timeout_s: float, disk: int) -> dict:
+        """The rlimits and caps of one run, for the record."""
+        cpu = self.cpu_seconds or self._cpu_seconds(timeout_s)
+        return {"cpu_seconds": cpu, "cpu_hard_seconds": cpu + CPU_GRACE_S,
+                "file_bytes": min(self.max_file_bytes, disk), "open_files": self.open_files,
+                "wall_seconds": timeout_s, "output_kept_bytes": OUTPUT_TAIL, "disk_bytes": disk,
+                "scratch_bytes": self.scratch_bytes}
+
     def _cpu_seconds(self, timeout_s: float) -> int:
         # A backstop behind the wall clock: every core busy for the whole timeout, plus start-up.
         return int(timeout_s * (os.cpu_count() or 1) + 60)
 
-    def _in_child(self, cgroup: JobCgroup | None, cpu_seconds: int) -> None:
-        """Between fork and exec: join the job's cgroup first, then lower the rlimits (bwrap drops the user)."""
+    def _in_child(self, cgroup: JobCgroup | None, limits: dict, nproc: int | None) -> None:
+        """Between fork and exec: join the job's cgroup first, then lower the rlimits (the user is dropped later)."""
         if cgroup:
             cgroup.join()
-        _lower(resource.RLIMIT_CORE, 0)
-        _lower(resource.RLIMIT_FSIZE, self.max_file_bytes)
-        _lower(resource.RLIMIT_NOFILE, self.open_files)
-        _lower(resource.RLIMIT_CPU, cpu_seconds)
+        _lower(resource.RLIMIT_CORE, 0, 0)
+        _lower(resource.RLIMIT_FSIZE, limits["file_bytes"], limits["file_bytes"])
+        _lower(resource.RLIMIT_NOFILE, self.open_files, self.open_files)
+        _lower(resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_hard_seconds"])
+        if nproc is not None:  # no pids controller: per uid, which is the jail's own (host-uid mode)
+            _lower(resource.RLIMIT_NPROC, nproc, nproc)
 
-    def _base_args(self) -> list[str]:
-        args = ["--unshare-all", "--die-with-parent", "--new-session",
-                "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL"]
-        for d in SYSTEM_DIRS:
-            args += ["--ro-bind-try", d, d]
-        size = ["--size", str(self.scratch_bytes)]  # tmpfs pages also count against the job's memory cgroup
-        args += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp", *size, "--tmpfs", "/dev/shm"]
-        for path in _python_paths():
-            args += ["--ro-bind", str(path), str(path)]
-        pkg = Path(sandbox.__file__).resolve().parent
-        args += ["--ro-bind", str(pkg), str(pkg)]
-        args += self._gpu_args()
-        return args
-
-    def _gpu_args(self) -> list[str]:
+    def _gpu_nodes(self) -> list[str]:
         if self.gpu is None:
             return []
         nodes = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", gpu_identity(self.gpu)[0]]
         nodes += glob.glob("/dev/nvidia-caps/*")
-        return [a for n in nodes if os.path.exists(n) for a in ("--dev-bind", n, n)]
+        return [n for n in nodes if os.path.exists(n)]
 
-    def _bind_args(self, workdir: Path, ro, rw) -> list[str]:
-        # The job's scratch (TMPDIR, compiler caches) is a size-capped tmpfs: no filling the host's disk from there.
-        args = ["--bind", str(workdir), str(workdir), "--size", str(self.scratch_bytes), "--tmpfs", str(workdir / "tmp")]
-        for p in rw:
-            args += ["--bind", str(p), str(p)]
-        for p in ro:
-            args += ["--ro-bind", str(p), str(p)]
-        return args
+    def _gpu_groups(self) -> set[int]:
+        """The groups a jail uid needs for the GPU's device nodes where they are not open to everyone."""
+        groups = set()
+        for n in self._gpu_nodes():
+            st = os.stat(n)
+            if st.st_mode & 0o006 != 0o006 and st.st_gid != 0:
+                groups.add(st.st_gid)
+        return groups
 
     def _env(self, workdir: Path) -> dict[str, str]:
         tmp = str(workdir / "tmp")
@@ -252,6 +441,8 @@ class Jail:
             # The interpreter's bin dir first: ninja (load_inline) and console tools live beside python.
             "PATH": ":".join([str(Path(sys.executable).parent), *_cuda_bin(), "/usr/local/bin:/usr/bin:/bin"]),
             "HOME": str(workdir),
+            "USER": "jail",
+            "LOGNAME": "jail",
             "TMPDIR": tmp,
             "TRITON_CACHE_DIR": f"{tmp}/triton",
             "TORCH_EXTENSIONS_DIR": f"{tmp}/torch_extensions",
@@ -270,6 +461,90 @@ class Jail:
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
+
+def _python() -> str:
+    return str(Path(sys.executable))
+
+
+def _grant(identity: Identity, writable: list[Path], readable: list[Path]) -> None:
+    """Before a host-uid jail runs: its writable folders become its own, its read-only ones readable by the jails'
+    group (never by every user of the host: task code is confidential)."""
+    for root in writable:
+        for path in _tree(root):
+            os.lchown(path, identity.uid, JAIL_GROUP)
+    for root in readable:
+        for path in _tree(root):
+            os.lchown(path, -1, JAIL_GROUP)
+            if not path.is_symlink():
+                os.chmod(path, path.lstat().st_mode & 0o7777 | (0o050 if path.is_dir() else 0o040))
+
+
+def _reclaim(writable: list[Path]) -> None:
+    """After a host-uid jail: what it wrote is the worker's again, readable by the jails' group (the check reads
+    the candidate's outputs), with no set-id or execute bits (nothing a jail made runs as anyone on the host)."""
+    for root in writable:
+        for path in _tree(root):
+            os.lchown(path, os.geteuid(), JAIL_GROUP)
+            if not path.is_symlink():
+                os.chmod(path, 0o750 if path.is_dir() else 0o640)
+
+
+def _tree(root: Path):
+    """root and everything under it, never following a link out."""
+    root = Path(root)
+    if not root.exists() and not root.is_symlink():
+        return
+    yield root
+    if root.is_dir() and not root.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                yield Path(dirpath) / name
+
+
+class _DiskWatch:
+    """What a job's writable folders hold, measured while it runs: past the cap, the job is killed (`disk_limit`)."""
+
+    def __init__(self, roots: list[Path], cap: int):
+        self.roots, self.cap, self.peak = roots, cap, 0
+
+    def exceeded(self) -> bool:
+        used, entries = 0, 0
+        stack = [str(r) for r in self.roots]
+        while stack:
+            try:
+                with os.scandir(stack.pop()) as it:
+                    for e in it:
+                        entries += 1
+                        st = e.stat(follow_symlinks=False)
+                        used += st.st_blocks * 512
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+            except OSError:
+                continue
+            if entries > DISK_MAX_ENTRIES:
+                self.peak = max(self.peak, used)
+                return True
+        self.peak = max(self.peak, used)
+        return used > self.cap
+
+
+class _Reaper:
+    """Waits for the jail's process on a thread, keeping the CPU time of its reaped tree (os.wait4; bubblewrap does
+    not pass its children's on, so for a jail the cgroup's count is used)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.done, self.cpu_s = proc, threading.Event(), None
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            _, status, usage = os.wait4(self.proc.pid, 0)
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+            self.cpu_s = usage.ru_utime + usage.ru_stime
+        except ChildProcessError:
+            self.proc.returncode = -signal.SIGKILL if self.proc.returncode is None else self.proc.returncode
+        finally:
+            self.done.set()
 
 
 def host_oom_kills() -> int | None:
@@ -307,7 +582,7 @@ def _python_paths() -> list[Path]:
     roots |= {Path(p) for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()}
     roots |= set(_pythonpath())
     roots = {p.resolve() for p in roots if p.exists()}
-    keep = [p for p in roots if not any(str(p).startswith(s + "/") or str(p) == s for s in SYSTEM_DIRS)]
+    keep = [p for p in roots if not any(str(p).startswith(s + "/") or str(p) == s for s in jail_policy.SYSTEM_DIRS)]
     # Drop paths nested in another kept root, and never expose a whole home or working directory root.
     keep = [p for p in keep if not any(q != p and p.is_relative_to(q) for q in keep)]
     pkg_parent = Path(sandbox.__file__).resolve().parent.parent
@@ -331,20 +606,20 @@ def _cuda_bin() -> list[str]:
     return [f"{home}/bin"] if os.path.isdir(f"{home}/bin") else []
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, reaper: _Reaper) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait()
+    reaper.done.wait()
 
 
-def _lower(limit: int, value: int) -> None:
-    """Set soft and hard limit to `value`, never above the current hard limit (we cannot raise it)."""
-    _, hard = resource.getrlimit(limit)
-    if hard != resource.RLIM_INFINITY:
-        value = min(value, hard)
-    resource.setrlimit(limit, (value, value))
+def _lower(limit: int, soft: int, hard: int) -> None:
+    """Set the limit, never above the current hard limit (we cannot raise it)."""
+    _, current = resource.getrlimit(limit)
+    if current != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current), min(hard, current)
+    resource.setrlimit(limit, (soft, hard))
 
 
 class _Drain:
@@ -370,8 +645,9 @@ class _Drain:
         return bytes(self.kept[-OUTPUT_TAIL:]).decode(errors="replace")
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float, channel: TurnChannel | None) -> None:
-    """Wait for `proc` for `timeout_s` of its own time. Seconds it waited to be admitted to the device's memory
+def _wait(reaper: _Reaper, timeout_s: float, channel: TurnChannel | None, disk: _DiskWatch) -> str | None:
+    """Wait for the process for `timeout_s` of its own time, measuring its writable folders as it goes: None when it
+    ended, "timeout" or "disk" when it must be killed. Seconds it waited to be admitted to the device's memory
     (sandbox/gate.py) are the other evaluations' doing, not its own: they extend the deadline, up to `timeout_s`
     more (a backstop should admission never come)."""
     start = time.monotonic()
@@ -379,9 +655,8 @@ def _wait(proc: subprocess.Popen, timeout_s: float, channel: TurnChannel | None)
         queued = min(channel.record.admission_s(), timeout_s) if channel else 0.0
         remaining = start + timeout_s + queued - time.monotonic()
         if remaining <= 0:
-            raise subprocess.TimeoutExpired(proc.args, timeout_s)
-        try:
-            proc.wait(timeout=min(remaining, 1.0) if channel else remaining)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            return "timeout"
+        if reaper.done.wait(min(remaining, DISK_POLL_S)):
+            return None
+        if disk.exceeded():
+            return "disk"

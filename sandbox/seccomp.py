@@ -51,10 +51,20 @@ def build_filter():
 
 
 def _add(f, action, name: str, *args) -> None:
+    """A rule that cannot be installed is an error, never skipped: a misspelled or unknown system call would
+    otherwise drop its rule silently and the jail would run without it."""
     try:
         f.add_rule(action, name, *args)
-    except Exception:  # noqa: BLE001 - a syscall this kernel/arch does not know cannot be called either
-        pass
+    except Exception as e:  # noqa: BLE001 - libseccomp reports an unknown name or a bad rule as OSError(EINVAL)
+        raise SeccompUnavailable(f"seccomp rule for {name!r} cannot be installed ({e}): the jail does not start "
+                                 "without it") from None
+
+
+def policy() -> dict:
+    """The filter as data, for the jail's policy value (sandbox/policy.py) and `appliance doctor`."""
+    return {"default": "allow", "kill": list(KILLED), "eperm": list(DENIED),
+            "socket": "AF_UNIX only (others EPERM)", "clone": "namespace flags EPERM", "clone3": "ENOSYS",
+            "ioctl": "TIOCSTI EPERM"}
 
 
 def bpf_file() -> int:

@@ -15,9 +15,16 @@ def test_doctor_reports_a_usable_host(appliance):
     report = json.loads(result.stdout)
     assert result.exit_code == 0, report
     names = {c["name"]: c for c in report["checks"]}
-    assert {"bubblewrap", "seccomp", "jail", "cgroups", "GPU", "database"} <= set(names)
-    assert names["jail"]["ok"] and names["seccomp"]["ok"]
-    assert any("seccomp" in line for line in report["enforced"])
+    assert {"bubblewrap", "seccomp", "jail", "memory limit", "GPU", "database"} <= set(names)
+    assert names["jail"]["ok"] and names["seccomp"]["ok"] and names["memory limit"]["ok"]
+    # The policy is the jail's own value (sandbox/policy.py), not prose: what a run renders into bwrap's arguments.
+    from sandbox.jail import Jail
+
+    assert report["policy"] == json.loads(json.dumps(Jail().policy().as_dict()))
+    assert "ptrace" in report["policy"]["seccomp"]["kill"]
+    assert not any(m["dest"] in ("/etc", "/sys") and m["kind"] != "dir" for m in report["policy"]["mounts"])
+    human = appliance("doctor").stdout
+    assert "mount ro-bind? /etc/ld.so.cache" in human and "rlimit cpu: soft" in human
 
 
 def test_doctor_exits_non_zero_with_a_fix_when_candidates_cannot_be_jailed(appliance, monkeypatch):

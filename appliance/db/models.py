@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Text, UniqueConstraint, true
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
@@ -115,6 +115,8 @@ class Evaluation(SQLModel, table=True):
     stage: str  # load, compile, correctness, timing, done
     reason: str = Field(default="", sa_type=Text)
     jailed: bool
+    # False only under the operator's opt-out (APPLIANCE_UNSAFE_NO_MEMORY_LIMIT): no memory limit bound the candidate
+    memory_limited: bool = Field(default=True, sa_column_kwargs={"server_default": true()})
     device: str  # cuda, cpu: CPU timings are labelled as such
     mode: str  # full, small
     speedup_vs_eager: float | None = None

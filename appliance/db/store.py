@@ -275,7 +275,7 @@ class Store:
         o = outcome
         return self.add_evaluation(
             candidate_id, run_id, verdict=o.verdict, stage=o.stage, reason=o.reason, jailed=o.jailed,
-            device=o.device, mode=o.mode, speedup_vs_eager=o.speedup_vs_eager,
+            memory_limited=getattr(o, "memory_limited", True), device=o.device, mode=o.mode, speedup_vs_eager=o.speedup_vs_eager,
             speedup_vs_compile=o.speedup_vs_compile, environment=o.environment, details=o.details,
             timings=[{k: t.get(k) for k in _TIMING_FIELDS} for t in o.timings])
 
@@ -334,6 +334,7 @@ class Store:
         device: str,
         mode: str,
         reason: str = "",
+        memory_limited: bool = True,
         speedup_vs_eager: float | None = None,
         speedup_vs_compile: float | None = None,
         environment: dict[str, Any] | None = None,
@@ -357,6 +358,7 @@ class Store:
                 stage=stage,
                 reason=reason,
                 jailed=jailed,
+                memory_limited=memory_limited,
                 device=device,
                 mode=mode,
                 speedup_vs_eager=speedup_vs_eager,

@@ -71,6 +71,7 @@ class Outcome:
     jailed: bool
     device: str
     mode: str
+    memory_limited: bool = True  # False only under the operator's opt-out (sandbox/jail.py unsafe_no_memory_limit)
     timings: list[dict] = field(default_factory=list)
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
@@ -160,7 +161,7 @@ class Pipeline:
             raise TaskError(str(candidate_path), "no such candidate file")
         source = candidate_path.read_text(errors="replace")
         base = dict(verdict="pass", stage="done", reason="", jailed=not self.jail.unsafe_no_jail,
-                    device=device, mode=mode)
+                    memory_limited=self.jail.memory_limit_enforced(), device=device, mode=mode)
         backends = detect_backends(source)
         refused = [b for b in backends if b not in task.manifest.backends]
         if refused:
@@ -304,14 +305,15 @@ class Pipeline:
                                   "output_bytes": output_files}
             spec_path = dirs["spec"] / "spec.json"
             spec_path.write_text(json.dumps(cand_spec | {"result": str(dirs["candidate"] / "result.json")}))
-            run, cand = self._candidate(dirs, spec_path, cand_bytes, wall, turns, details)
+            run, cand = self._candidate(dirs, spec_path, cand_bytes, wall, turns, details,
+                                        disk_bytes=self.jail.disk_bytes + sum(output_files.values()))
             details["device_turns"] = _sum_turns(turns)
             details["candidate_stderr"] = run.stderr[-4000:]
             details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
             failure = _candidate_failure(run, cand, s.candidate_timeout_s)
             if failure and (why := _host_out_of_memory(run, failure)):
                 raise InfrastructureError(why)
-            if failure and failure[0] in ("crashed", "runtime_error") and (
+            if failure and failure[0] in ("crashed", "runtime_error", "disk_limit") and (
                     short := _no_room_for_outputs(dirs["outputs"], sum(cand_spec["output_bytes"].values()))):
                 raise InfrastructureError(f"the candidate failed ({failure[2][:200]}) while the host had no room for "
                                           f"its outputs: {short}; not the candidate's failure")
@@ -376,14 +378,15 @@ class Pipeline:
                        environment=environment, details=details)
 
     def _candidate(self, dirs: dict[str, Path], spec_path: Path, nbytes: int, wall: dict, turns: list[dict],
-                   details: dict) -> tuple[JailResult, dict | None]:
-        """The candidate process and its result record."""
+                   details: dict, disk_bytes: int | None = None) -> tuple[JailResult, dict | None]:
+        """The candidate process and its result record. Its folders may hold `disk_bytes`: the jail's disk cap
+        beside the outputs it must write."""
 
         def once(resident_bytes: int | None) -> tuple[JailResult, dict | None]:
             run = self.jail.run([_python(), "-m", "sandbox.harness.candidate", str(spec_path)],
                                 workdir=dirs["candidate"], ro=[dirs["inputs"], dirs["spec"]], rw=[dirs["outputs"]],
                                 timeout_s=self.settings.candidate_timeout_s, gate=self.gate,
-                                resident_bytes=resident_bytes)
+                                resident_bytes=resident_bytes, disk_bytes=disk_bytes)
             turns.append(run.turns or {})
             wall["candidate"] = round(wall.get("candidate", 0.0) + run.wall_s, 2)
             return run, read_result(dirs["candidate"] / "result.json")
@@ -807,15 +810,33 @@ def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> 
     if events.get("pids_max") and (run.returncode != 0 or (result or {}).get("status") != "ok"):
         return "process_limit", stage, (f"the candidate hit its limit of {limits.get('pids_max')} processes/threads "
                                         f"({events['pids_max']} forks refused)")
+    if "disk_limit" in events:
+        return "disk_limit", stage, (f"the candidate's folders grew past their disk cap of "
+                                     f"{limits.get('disk_bytes', 0) / 2**30:.3g} GiB "
+                                     f"({events['disk_limit'] / 2**30:.3g} GiB seen) and it was killed")
     if run.timed_out:
         return "timeout", stage, f"the candidate did not finish within {timeout:.0f} s (wall clock); killed"
     if run.signal == signal.SIGSYS:
         return "sandbox_violation", stage, ("the candidate made a forbidden system call and was killed by the "
                                             "jail's seccomp filter (SIGSYS)")
-    if run.signal == signal.SIGXCPU:
-        return "timeout", stage, f"the candidate used up its CPU-time limit of {limits.get('cpu_seconds')} s"
+    cpu_limit = limits.get("cpu_seconds")
+    if run.signal == signal.SIGXCPU or (run.signal == signal.SIGKILL and cpu_limit and run.cpu_s is not None
+                                        and run.cpu_s >= cpu_limit):
+        return "cpu_limit", stage, (f"the candidate used up its CPU-time limit of {cpu_limit} s "
+                                    f"({run.cpu_s or cpu_limit:.0f} s used) and was killed")
     if run.signal == signal.SIGXFSZ:
-        return "crashed", stage, f"the candidate wrote a file larger than {limits.get('file_bytes', 0) >> 20} MiB"
+        return "disk_limit", stage, f"the candidate wrote a file larger than {limits.get('file_bytes', 0) >> 20} MiB"
+    said = " ".join(str((result or {}).get(k, "")) for k in ("reason", "traceback")) + run.stderr[-4000:]
+    failed = run.returncode != 0 or (result or {}).get("status") != "ok"
+    # Without a pids controller, the process limit is RLIMIT_NPROC: the kernel counts nothing we can read, but the
+    # candidate's own failure says it (believed only to fail it: a candidate can always fail itself).
+    if failed and limits.get("processes") == "RLIMIT_NPROC" and _NPROC_WORDS.search(said):
+        return "process_limit", stage, (f"the candidate hit its limit of {limits.get('pids_max')} processes/threads "
+                                        "(RLIMIT_NPROC: a fork or thread was refused)")
+    if failed and ("No space left on device" in said or "File too large" in said):
+        return "disk_limit", stage, ("the candidate filled the space it may write (its folders, or the jail's "
+                                     f"private /tmp of {limits.get('scratch_bytes', 0) >> 20 or 'capped'} MiB): "
+                                     "No space left on device")
     if result is None or result.get("status") == "running" or run.returncode != 0:
         if run.signal:
             how = f"was killed by signal {_signal_name(run.signal)}"
@@ -826,6 +847,9 @@ def _candidate_failure(run: JailResult, result: dict | None, timeout: float) -> 
     if result["status"] == "failed":
         return result["verdict"], result["stage"], result["reason"]
     return None
+
+
+_NPROC_WORDS = re.compile(r"BlockingIOError|Resource temporarily unavailable|can't start new thread|EAGAIN")
 
 
 def _host_out_of_memory(run: JailResult, failure: tuple[str, str, str]) -> str | None:

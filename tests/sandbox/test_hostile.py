@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -204,7 +206,9 @@ def test_writes_outside_the_job_leave_nothing_on_the_host(appliance, softmax_tas
     assert (result["verdict"], result["stage"]) == ("sandbox_violation", "correctness"), result["reason"]
     reason = result["reason"]
     assert "the jail refused an operation" in reason and "write attempts" in reason, reason
-    assert f"first refused: /etc/pwned-{token}: Read-only file system" in reason, reason
+    # The jail's root is its own (a read-only system, an /etc of a few files, no /var): the first write refused is
+    # the first target's, whether as a missing folder the jail uid may not make or a read-only file system.
+    assert re.search(r"first refused: /var(/tmp)?: (Permission denied|Read-only file system)", reason), reason
     # What each attempt got, as the candidate saw it: the persistence points were refused, not just hidden.
     attempts = json.loads(stored(appliance, result["evaluation_id"]))["details"]["candidate_stderr"]
     for persistent in targets[6:8]:
@@ -365,3 +369,122 @@ def test_symlinked_result_file_is_not_read_on_the_host(appliance, softmax_task, 
 
 def test_honest_candidate_still_passes_after_the_hostile_ones(appliance, softmax_task):
     honest_still_passes(appliance, softmax_task)
+
+
+# --- the host's files and every limit (issue 23) ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def appliance_env_file():
+    """/etc/appliance/appliance.env with a secret in it, as the shipped units have it (made here when absent)."""
+    path = Path("/etc/appliance/appliance.env")
+    if path.exists() or os.geteuid() != 0:
+        yield path
+        return
+    secret = f"APPLIANCE_DB_URL=postgresql://appliance:{secrets.token_hex(8)}@127.0.0.1/appliance\n"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(secret)
+    path.chmod(0o640)
+    try:
+        yield path
+    finally:
+        path.unlink()
+        path.parent.rmdir()
+
+
+@pytest.mark.parametrize("target,write", [("/proc/sys/kernel/core_pattern", True), ("/proc/sysrq-trigger", True),
+                                          ("/proc/sys/vm/drop_caches", True), ("/etc/shadow", False),
+                                          ("/etc/gshadow", False), ("/etc/appliance/appliance.env", False),
+                                          ("home:appliance.db", False),
+                                          ("/root/.ssh", False), ("/sys/fs/cgroup", False)])
+def test_host_files_are_neither_writable_nor_readable_from_the_jail(appliance, softmax_task, home, tmp_path,
+                                                                     appliance_env_file, target, write):
+    """As root (CI) too: the jail is never host root, /proc/sys is read-only to it, /etc is an allowlist, and the
+    appliance's home (its database) is not mounted."""
+    path = str(home / target.split(":", 1)[1]) if target.startswith("home:") else target
+    appliance("runs")  # makes the database file, so that there is one to reach for
+    code, result = appliance.eval_json(softmax_task, hostile("host_access", tmp_path, target=path, write=write))
+    assert code == 1
+    # Refused (the jail refused an operation), or not there at all (a plain runtime error naming the missing file).
+    assert (result["verdict"], result["stage"]) in {("sandbox_violation", "correctness"),
+                                                     ("runtime_error", "correctness")}, result["reason"]
+    assert re.search(r"(Permission denied|No such file or directory|Read-only file system)", result["reason"]), \
+        result["reason"]
+
+
+def test_disk_filler_is_killed_at_its_cap_and_the_host_keeps_its_space(appliance, softmax_task, home, tmp_path):
+    cap = 256 << 20
+    jobs = home / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    before = shutil.disk_usage(jobs).free
+    lowest, done = [before], threading.Event()
+
+    def watch():
+        while not done.wait(0.02):
+            lowest.append(shutil.disk_usage(jobs).free)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        code, result = appliance.eval_json(softmax_task, HOSTILE / "fills_disk.py", "--disk-limit", "0.25")
+    finally:
+        done.set()
+        watcher.join()
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("disk_limit", "correctness"), result["reason"]
+    assert "disk cap of 0.25 GiB" in result["reason"] or "File too large" in result["reason"], result["reason"]
+    # The cap is watched (every 0.1 s), so a fast writer may pass it by what it writes in that time; never by more.
+    assert before - min(lowest) < cap + (256 << 20), (before - min(lowest)) >> 20
+    assert list(jobs.iterdir()) == []
+    honest_still_passes(appliance, softmax_task)
+
+
+@pytest.mark.parametrize("ignore", [False, True])
+def test_cpu_burner_is_stopped_by_the_cpu_limit_and_named(appliance, softmax_task, tmp_path, ignore):
+    """The soft limit's SIGXCPU names the limit; a candidate that ignores it is SIGKILLed at the hard limit, and the
+    CPU seconds its tree used say why."""
+    code, result = appliance.eval_json(softmax_task, hostile("burns_cpu", tmp_path, ignore=ignore),
+                                       "--cpu-limit", "8", "--timeout", "120")
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("cpu_limit", "correctness"), result["reason"]
+    assert "CPU-time limit of 8 s" in result["reason"]
+    assert result["wall_s"]["candidate"] < 60  # the CPU limit stopped it, not the wall clock
+    honest_still_passes(appliance, softmax_task)
+
+
+def test_fork_bomb_without_a_pids_controller_is_stopped_by_rlimit_nproc(appliance, softmax_task, tmp_path,
+                                                                      monkeypatch):
+    """As on the H200 host (cgroup v2 with only memory delegated): RLIMIT_NPROC per jail uid, and the verdict is
+    still process_limit."""
+    from sandbox import cgroup
+
+    parents = cgroup._parents
+    monkeypatch.setattr(cgroup, "_parents", lambda: (lambda v, p: (v, {"memory": p["memory"]}))(*parents()))
+    marker = f"86400.{unique_digits()}"
+    code, result = appliance.eval_json(softmax_task, hostile("fork_bomb", tmp_path, marker=marker),
+                                       "--pids-limit", "64")
+    assert code == 1
+    assert (result["verdict"], result["stage"]) == ("process_limit", "correctness"), result["reason"]
+    assert "RLIMIT_NPROC" in result["reason"]
+    assert processes_with(marker) == []
+    honest_still_passes(appliance, softmax_task)
+
+
+def test_without_a_memory_limit_nothing_runs_unless_the_operator_opts_out(appliance, softmax_task, monkeypatch):
+    from sandbox import cgroup
+
+    def unavailable():
+        raise cgroup.CgroupUnavailable("no writable memory cgroup controller (test)")
+
+    monkeypatch.setattr(cgroup, "_parents", unavailable)
+    refused = appliance("eval", softmax_task, candidate("good"), "--json", "--device", "cpu", "--baselines", "eager")
+    assert refused.exit_code != 0
+    assert "no memory limit can be enforced" in refused.output and "APPLIANCE_UNSAFE_NO_MEMORY_LIMIT" in refused.output
+    doctor = json.loads(appliance("doctor", "--json").stdout)
+    check = {c["name"]: c for c in doctor["checks"]}["memory limit"]
+    assert not check["ok"] and check["required"] and "no candidate runs" in check["detail"]
+
+    monkeypatch.setenv("APPLIANCE_UNSAFE_NO_MEMORY_LIMIT", "1")
+    code, result = appliance.eval_json(softmax_task, candidate("good"))
+    assert (code, result["verdict"], result["memory_limited"]) == (0, "pass", False), result["reason"]
+    assert json.loads(stored(appliance, result["evaluation_id"]))["memory_limited"] is False

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
 
 import pytest
 
-from sandbox.jail import Jail, JailUnavailable
+from sandbox.jail import JAIL_UID_BASE, JAIL_UID_COUNT, Jail, JailUnavailable
 
 PROBE = r"""
 import json, os, socket
@@ -43,7 +44,13 @@ def test_process_is_unprivileged_isolated_and_filtered(tmp_path, monkeypatch):
     result = run(Jail(), PROBE, tmp_path)
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
-    assert seen["uid"] == 65534 and seen["capeff"] == "0000000000000000"
+    # Never host root: as root, a host uid of the jail's own; otherwise 65534 in a user namespace.
+    if os.geteuid() == 0:
+        assert JAIL_UID_BASE <= seen["uid"] < JAIL_UID_BASE + JAIL_UID_COUNT
+        assert result.limits["identity"] == f"host-uid uid {seen['uid']}"
+    else:
+        assert seen["uid"] == 65534
+    assert seen["capeff"] == "0000000000000000"
     assert seen["nnp"] == "1" and seen["seccomp"] == "2"  # no new privileges; seccomp filter mode
     assert seen["inet"] == "Operation not permitted"
     assert seen["interfaces"] == ["lo"]
@@ -52,7 +59,7 @@ def test_process_is_unprivileged_isolated_and_filtered(tmp_path, monkeypatch):
     assert seen["home"] == str(tmp_path / "work")
     assert seen["procs"] <= 3  # own PID namespace: bwrap's init, python
     assert not (tmp_path / "jail-probe-file").exists()
-    assert result.limits["seccomp"] and result.limits["cgroup"] == "v1"
+    assert result.limits["seccomp"] and result.limits["cgroup"] in ("v1", "v2")
 
 
 def test_timeout_kills_the_whole_tree_including_setsid_grandchildren(tmp_path):
