@@ -63,15 +63,34 @@ def test_gpu_kernel_that_never_ends_is_killed_and_the_gpu_stays_usable(appliance
     assert code == 0, result["reason"]
 
 
-def test_jail_on_gpu_has_seccomp_and_cgroup_limits(appliance, softmax_task):
+def test_jail_on_gpu_has_seccomp_a_memory_limit_and_no_host_root(appliance, softmax_task):
+    import os
+
     code, result = appliance.eval_json(softmax_task, candidate("good"), "--mode", "full", device="cuda")
     assert code == 0, result["reason"]
+    assert result["memory_limited"] is True
     shown = __import__("json").loads(appliance("show", str(result["evaluation_id"]), "--json").stdout)
     limits = shown["details"]["jail"]["limits"]
-    assert limits["seccomp"] is True
-    # Memory and process limits need a cgroup the host lets us create; where it does not (the lent H200 is a
-    # container without one), the result must say so rather than pretend.
-    assert ("memory_bytes" in limits and "pids_max" in limits) or limits["cgroup"].startswith("unavailable"), limits
+    assert limits["seccomp"] is True and limits["cgroup"] in ("v1", "v2") and "memory_bytes" in limits, limits
+    if os.geteuid() == 0:
+        assert limits["identity"].startswith("host-uid uid 2"), limits
+
+
+def test_memory_and_fork_bombs_on_the_gpu_host_get_their_named_verdicts(appliance, softmax_task, tmp_path):
+    """The H200 host: cgroup v2 with only memory delegated. The memory bomb is killed inside its own cgroup (no
+    global OOM), the fork bomb is stopped by the pids controller or RLIMIT_NPROC; the GPU stays usable."""
+    from tests.sandbox.test_hostile import HOSTILE, hostile, processes_with, unique_digits
+
+    code, result = appliance.eval_json(softmax_task, HOSTILE / "memory_bomb.py", "--memory-limit", "4",
+                                       device="cuda")
+    assert (code, result["verdict"]) == (1, "memory_limit"), result["reason"]
+    marker = f"86400.{unique_digits()}"
+    code, result = appliance.eval_json(softmax_task, hostile("fork_bomb", tmp_path, marker=marker),
+                                       "--pids-limit", "256", device="cuda")
+    assert (code, result["verdict"]) == (1, "process_limit"), result["reason"]
+    assert processes_with(marker) == []
+    code, result = appliance.eval_json(softmax_task, candidate("good"), "--mode", "full", device="cuda")
+    assert code == 0, result["reason"]
 
 
 GPU_GAMING = {  # name -> (accepted verdicts, words in the reason)

@@ -133,3 +133,62 @@ def test_cgroup_v2_worker_moves_into_a_leaf_before_delegating(tmp_path):
     # Later calls run in the leaf: the jobs still go beside it, and nothing moves again.
     (unit / "cgroup.subtree_control").write_text("memory pids")
     assert v2_job_parent(unit / WORKER_LEAF) == unit
+
+
+def test_a_seccomp_rule_that_cannot_be_installed_stops_the_jail(monkeypatch):
+    from sandbox import seccomp
+
+    monkeypatch.setattr(seccomp, "DENIED", (*seccomp.DENIED, "mount_evrything"))  # a misspelled system call
+    with pytest.raises(JailUnavailable, match="mount_evrything"):
+        Jail().check()
+
+
+def test_bubblewrap_gets_exactly_the_policy_doctor_prints(tmp_path):
+    """The policy is one value: every mount of it is in bwrap's arguments, and nothing else is mounted."""
+    log = tmp_path / "argv"
+    wrapper = tmp_path / "bwrap"
+    wrapper.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {log}\nexec {Jail().bwrap} \"$@\"\n")
+    wrapper.chmod(0o755)
+    jail = Jail(bwrap=str(wrapper))
+    result = run(jail, "print('ok')", tmp_path)
+    assert result.returncode == 0, result.stderr
+    argv = log.read_text().splitlines()
+    policy = jail.policy(jail._identity(int(result.limits["identity"].split()[-1])) if os.geteuid() == 0 else None,
+                         tmp_path / "work")
+    kinds = {"ro-bind", "ro-bind-try", "bind", "dev-bind", "tmpfs", "proc", "dev", "dir", "ro-bind-data"}
+    mounted = [argv[i + (2 if argv[i] in ("--ro-bind", "--ro-bind-try", "--bind", "--dev-bind", "--ro-bind-data")
+                         else 1)] for i in range(len(argv)) if argv[i].lstrip("-") in kinds]
+    assert mounted == [m.dest for m in policy.mounts]
+    assert "/etc" not in [argv[i + 1] for i in range(len(argv) - 1) if argv[i] in ("--ro-bind", "--ro-bind-try")]
+    assert "/sys" not in [argv[i + 1] for i in range(len(argv) - 1) if argv[i] in ("--ro-bind", "--ro-bind-try")]
+
+
+def test_concurrent_jails_of_a_root_worker_get_uids_of_their_own(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("host uids per jail are for a worker running as root")
+    import threading
+
+    results = []
+    threads = [threading.Thread(target=lambda i=i: results.append(Jail().run(
+        [sys.executable, "-c", "import os, time; time.sleep(1); print(os.getuid())"], workdir=tmp_path / f"w{i}",
+        timeout_s=30))) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    uids = {int(r.stdout) for r in results}
+    assert len(uids) == 3 and all(u >= JAIL_UID_BASE for u in uids)
+    # What a jail wrote is the worker's again afterwards, readable by the next jail (the check reads the outputs).
+    assert all(p.stat().st_uid == 0 for p in (tmp_path / "w0").rglob("*"))
+
+
+def test_proc_sys_and_the_host_etc_are_out_of_reach(tmp_path):
+    code = ("import os\nfor p in ('/proc/sys/kernel/core_pattern', '/proc/sys/vm/drop_caches', '/proc/sysrq-trigger'):\n"
+            "    try:\n        os.close(os.open(p, os.O_WRONLY)); print(p, 'WRITABLE')\n"
+            "    except OSError as e:\n        print(p, e.strerror)\n"
+            "print(sorted(os.listdir('/etc')))")
+    result = run(Jail(), code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "WRITABLE" not in result.stdout
+    etc = eval(result.stdout.splitlines()[-1])
+    assert {"passwd", "group", "ld.so.cache"} <= set(etc) and not {"shadow", "gshadow", "appliance", "ssh"} & set(etc)
