@@ -469,36 +469,26 @@ def _python() -> str:
 def _grant(identity: Identity, writable: list[Path], readable: list[Path]) -> None:
     """Before a host-uid jail runs: its writable folders become its own, its read-only ones readable by the jails'
     group (never by every user of the host: task code is confidential)."""
-    for root in writable:
-        for path in _tree(root):
-            os.lchown(path, identity.uid, JAIL_GROUP)
-    for root in readable:
-        for path in _tree(root):
-            os.lchown(path, -1, JAIL_GROUP)
-            if not path.is_symlink():
-                os.chmod(path, path.lstat().st_mode & 0o7777 | (0o050 if path.is_dir() else 0o040))
+    _tree_command(["chown", "-R", "-h", f"{identity.uid}:{JAIL_GROUP}"], writable)
+    _tree_command(["chgrp", "-R", "-h", str(JAIL_GROUP)], readable)
+    _tree_command(["chmod", "-R", "g+rX"], readable)
 
 
 def _reclaim(writable: list[Path]) -> None:
     """After a host-uid jail: what it wrote is the worker's again, readable by the jails' group (the check reads
-    the candidate's outputs), with no set-id or execute bits (nothing a jail made runs as anyone on the host)."""
-    for root in writable:
-        for path in _tree(root):
-            os.lchown(path, os.geteuid(), JAIL_GROUP)
-            if not path.is_symlink():
-                os.chmod(path, 0o750 if path.is_dir() else 0o640)
+    the candidate's outputs), with no set-id or execute bits on files (nothing a jail made runs as anyone)."""
+    _tree_command(["chown", "-R", "-h", f"{os.geteuid()}:{JAIL_GROUP}"], writable)
+    _tree_command(["chmod", "-R", "u=rw,g=r,o=,ug+X"], writable)
 
 
-def _tree(root: Path):
-    """root and everything under it, never following a link out."""
-    root = Path(root)
-    if not root.exists() and not root.is_symlink():
-        return
-    yield root
-    if root.is_dir() and not root.is_symlink():
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in dirnames + filenames:
-                yield Path(dirpath) / name
+def _tree_command(argv: list[str], roots: list[Path]) -> None:
+    """coreutils over whole trees: they never follow a link (chmod skips them, -h changes the link itself) and walk
+    trees of any depth (a candidate can leave one too deep for os.walk's recursion and for PATH_MAX)."""
+    roots = [str(r) for r in roots if os.path.lexists(r)]
+    if roots:
+        done = subprocess.run([*argv, "--", *roots], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise JailUnavailable(f"{' '.join(argv)} on the job's folders failed: {done.stderr.strip()[:300]}")
 
 
 class _DiskWatch:
