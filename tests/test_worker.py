@@ -158,3 +158,32 @@ def _parent(pid: int) -> int:
 
 def _key(home) -> bytes:
     return (home / "workers/authkey").read_bytes().strip()
+
+
+def test_the_hosts_jail_limits_reach_searches_and_worker_processes(home, softmax_task, monkeypatch):
+    """APPLIANCE_JAIL_* are read once, in Settings, by whichever process evaluates: a search in this process and a
+    worker process alike (before, only `eval` passed limits to the jail; the rest got the defaults)."""
+    from appliance import cli
+    from appliance.config import Settings
+    from appliance.search.loop import OptimizeConfig
+
+    monkeypatch.setenv("APPLIANCE_JAIL_MEMORY_GIB", "3")
+    monkeypatch.setenv("APPLIANCE_JAIL_PIDS", "77")
+    monkeypatch.setenv("APPLIANCE_JAIL_DISK_GIB", "2")
+    monkeypatch.setenv("APPLIANCE_JAIL_CPU_SECONDS", "900")
+    monkeypatch.setattr(cli.state, "settings", Settings.load(), raising=False)
+    [local] = cli._pipelines(OptimizeConfig(device="cpu"), None, False)
+    assert (local.jail.memory_bytes, local.jail.pids_max, local.jail.disk_bytes, local.jail.cpu_seconds) == \
+        (3 << 30, 77, 2 << 30, 900)
+    local.close()
+
+    supervisor = WorkerSupervisor(home)  # its worker process inherits this environment, as a unit's would
+    try:
+        [remote] = supervisor.pipelines([None], SETTINGS, slots=1, unsafe=False)
+        outcome = remote.evaluate(load_task(softmax_task), candidate("good"))
+    finally:
+        supervisor.close()
+    assert outcome.verdict == "pass", outcome.reason
+    limits = outcome.details["jail"]["limits"]
+    assert (limits["memory_bytes"], limits["pids_max"], limits["cpu_seconds"]) == (3 << 30, 77, 900)
+    assert limits["disk_bytes"] >= 2 << 30 and limits["disk_bytes"] < (2 << 30) + (1 << 30)  # + its outputs
