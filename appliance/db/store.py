@@ -40,8 +40,10 @@ PASS = "pass"
 _WRITE_LOCK = "appliance_write_lock"
 # PostgreSQL advisory lock key serialising migrations (any fixed bigint; "appl" in ASCII).
 _MIGRATION_LOCK = 0x6170706C
-# How long a SQLite connection waits for another process's lock before "database is locked".
-_SQLITE_BUSY_S = 5.0
+# How long a SQLite connection waits for another process's lock before "database is locked". SQLite's busy handler is
+# not fair: on a loaded 2-core CI host a writer lost the lock to a busy neighbour for over 5 s (the old value), so
+# workers finishing together must wait longer than that before an outcome is lost.
+_SQLITE_BUSY_S = 30.0
 # Row lock for read-then-write (PostgreSQL; SQLite ignores it): FOR NO KEY UPDATE, the lock an UPDATE takes anyway. It
 # does not wait for transactions inserting rows that reference the locked one (evaluations of a run, say).
 _ROW_LOCK = {"key_share": True}
@@ -58,7 +60,7 @@ def display_url(url: str) -> str:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for `url`. SQLite gets WAL, enforced foreign keys, a 5 s busy wait and real transactions;
+    """An engine for `url`. SQLite gets WAL, enforced foreign keys, a 30 s busy wait and real transactions;
     `sqlite://` (in memory) shares one connection, so every session sees the same database. Other URLs
     (postgresql+psycopg://...) get a plain pool at the server's isolation level, READ COMMITTED by default, which
     the Store's row locks are written for."""

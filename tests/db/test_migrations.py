@@ -98,7 +98,7 @@ def test_file_database_uses_wal_foreign_keys_and_busy_timeout(tmp_path: Path) ->
         pragma = lambda name: connection.exec_driver_sql(f"PRAGMA {name}").scalar()  # noqa: E731
         assert pragma("journal_mode") == "wal"
         assert pragma("foreign_keys") == 1
-        assert pragma("busy_timeout") == 5000
+        assert pragma("busy_timeout") == 30000
     engine.dispose()
 
 

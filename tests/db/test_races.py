@@ -67,10 +67,12 @@ def test_workers_finishing_together_lose_nothing(stores: list[Store], tmp_path: 
 
     with ThreadPoolExecutor(WORKERS + 2) as pool:
         saver = pool.submit(loop)
-        writers = [pool.submit(worker, w) for w in range(WORKERS)] + [pool.submit(operator)]
-        for f in writers:
-            f.result()
-        done.set()
+        try:
+            writers = [pool.submit(worker, w) for w in range(WORKERS)] + [pool.submit(operator)]
+            for f in writers:
+                f.result()
+        finally:
+            done.set()  # a writer that failed must fail the test, not leave the loop spinning until pytest's timeout
         saves = saver.result()
 
     rows = first.run_candidates(run.id)
