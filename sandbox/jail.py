@@ -344,7 +344,7 @@ class Jail:
             cpu_s = cgroup.cpu_seconds() if cgroup else None
             if cgroup:
                 cgroup.remove()
-            if ended == "disk":
+            if ended == "disk" or (ended is None and watch.exceeded()):  # also what it wrote in its last 0.1 s
                 events["disk_limit"] = watch.peak
             if identity is not None and identity.mode == "host-uid":
                 _reclaim([workdir, *rw])

@@ -502,6 +502,13 @@ class Pipeline:
                                             f"itself: {str(result.get('message'))[:600]}")
         if run.timed_out:
             raise TaskError(str(task.path), f"the reference ({args[0]}) did not finish within {timeout:.0f} s")
+        for event, limit, setting in (("disk_limit", "disk_bytes", "APPLIANCE_JAIL_DISK_GIB"),
+                                      ("oom_kill", "memory_bytes", "APPLIANCE_JAIL_MEMORY_GIB")):
+            if run.limit_events.get(event):
+                raise TaskError(str(task.path), f"the reference ({args[0]}) needs more than the jail's "
+                                                f"{run.limits.get(limit, 0) / 2**30:.3g} GiB ({event}): raise "
+                                                f"{setting} (or eval's --{'disk' if event == 'disk_limit' else 'memory'}"
+                                                "-limit)")
         if result is None or run.returncode != 0:
             raise InfrastructureError(
                 f"reference harness ({args[0]}) failed with exit code {run.returncode}: {run.stderr[-3000:]}")

@@ -488,3 +488,10 @@ def test_without_a_memory_limit_nothing_runs_unless_the_operator_opts_out(applia
     code, result = appliance.eval_json(softmax_task, candidate("good"))
     assert (code, result["verdict"], result["memory_limited"]) == (0, "pass", False), result["reason"]
     assert json.loads(stored(appliance, result["evaluation_id"]))["memory_limited"] is False
+
+
+def test_a_reference_past_the_disk_cap_is_the_tasks_error_naming_the_setting(appliance, softmax_task):
+    result = appliance("eval", softmax_task, candidate("good"), "--json", "--device", "cpu", "--baselines", "eager",
+                       "--disk-limit", "0.00001")  # 10 KiB: less than its inputs
+    assert result.exit_code != 0
+    assert "needs more than the jail's" in result.output and "APPLIANCE_JAIL_DISK_GIB" in result.output, result.output
