@@ -192,3 +192,22 @@ def test_proc_sys_and_the_host_etc_are_out_of_reach(tmp_path):
     assert "WRITABLE" not in result.stdout
     etc = eval(result.stdout.splitlines()[-1])
     assert {"passwd", "group", "ld.so.cache"} <= set(etc) and not {"shadow", "gshadow", "appliance", "ssh"} & set(etc)
+
+
+def test_on_a_tmpfs_job_folder_what_a_job_writes_is_bounded_by_its_memory_limit():
+    """Job folders on a tmpfs (GPU hosts; the units' default /dev/shm/appliance-jobs): the pages a job writes are
+    charged to its memory cgroup, so the host's memory moves by no more than the memory limit, whatever the disk
+    cap's watcher sees between its looks."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    work = Path(tempfile.mkdtemp(prefix="appliance-test-", dir="/dev/shm"))
+    try:
+        code = "for i in range(64):\n    open(f'f{i}', 'wb').write(b'x' * (16 << 20))"
+        result = Jail(memory_bytes=256 << 20, disk_bytes=64 << 30).run([sys.executable, "-c", code],
+                                                                       workdir=work / "w", timeout_s=60)
+        assert result.limit_events["oom_kill"] >= 1
+        assert sum(p.stat().st_size for p in (work / "w").glob("f*")) <= 256 << 20
+    finally:
+        shutil.rmtree(work)
