@@ -102,7 +102,7 @@ class JobCgroup:
 
     def remove(self) -> None:
         for d in set(self.dirs.values()):
-            for _ in range(50):
+            for _ in range(250):  # 5 s: a SIGKILLed process with much memory takes a while to be gone
                 try:
                     d.rmdir()
                     break

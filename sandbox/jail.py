@@ -223,7 +223,7 @@ class Jail:
                                                                            else ()),
             mounts=tuple(jail_policy.with_parents(jail_policy.present(mounts))),
             rlimits=rlimits,
-            cgroup={"memory_bytes": self.memory_bytes, "pids_max": self.pids_max,
+            cgroup={"memory_bytes": self._memory_cap(), "pids_max": self.pids_max,
                     "processes": "pids controller where delegated, else RLIMIT_NPROC",
                     "without a memory limit": "allowed (operator opt-out)" if self.unsafe_no_memory_limit
                     else "nothing runs"},
@@ -314,7 +314,7 @@ class Jail:
             limits["identity"] = f"{identity.mode} uid {identity.uid}"
         limits["processes"] = "cgroup pids" if cgroup and "pids" in cgroup.dirs else "RLIMIT_NPROC"
         nproc = None if limits["processes"] == "cgroup pids" else self.pids_max
-        watch = _DiskWatch([workdir, *rw], disk)
+        watch = _DiskWatch([workdir, *rw], disk, cgroup)
         start, oom_kills = time.monotonic(), host_oom_kills()
         try:
             try:
@@ -380,9 +380,15 @@ class Jail:
         return args + ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
                        "--cap-add", "CAP_SETPCAP"]
 
+    def _memory_cap(self) -> int:
+        """The memory limit, never more than 3/4 of the host's memory: a limit past what the host has would let a
+        memory bomb drive the host into a global OOM before its own cgroup's limit binds."""
+        total = _mem_total()
+        return min(self.memory_bytes, total * 3 // 4) if total else self.memory_bytes
+
     def _cgroup(self, limits: dict) -> JobCgroup | None:
         try:
-            cgroup = JobCgroup.create(self.memory_bytes, self.pids_max)
+            cgroup = JobCgroup.create(self._memory_cap(), self.pids_max)
         except CgroupUnavailable as e:
             if not (self.unsafe_no_memory_limit or self.unsafe_no_jail):
                 raise JailUnavailable(
@@ -393,7 +399,7 @@ class Jail:
                 ) from None
             limits["cgroup"] = f"unavailable: {e}"
             return None
-        limits.update(memory_bytes=self.memory_bytes, pids_max=self.pids_max, cgroup=f"v{cgroup.version}")
+        limits.update(memory_bytes=self._memory_cap(), pids_max=self.pids_max, cgroup=f"v{cgroup.version}")
         return cgroup
 
     def _limits(self, timeout_s: float, disk: int) -> dict:
@@ -492,30 +498,69 @@ def _tree_command(argv: list[str], roots: list[Path]) -> None:
 
 
 class _DiskWatch:
-    """What a job's writable folders hold, measured while it runs: past the cap, the job is killed (`disk_limit`)."""
+    """What a job's writable folders hold, measured while it runs: past the cap, the job is killed (`disk_limit`).
+    Counted: every file and folder under them, and files its processes deleted but hold open (space the folders no
+    longer show). A folder that cannot be read (a path past PATH_MAX, a tree made unreadable) counts as past the cap:
+    what cannot be measured is not allowed."""
 
-    def __init__(self, roots: list[Path], cap: int):
-        self.roots, self.cap, self.peak = roots, cap, 0
+    def __init__(self, roots: list[Path], cap: int, cgroup: JobCgroup | None = None):
+        self.roots, self.cap, self.cgroup, self.peak = roots, cap, cgroup, 0
+        self.devices = {os.stat(r).st_dev for r in roots if os.path.exists(r)}
 
     def exceeded(self) -> bool:
-        used, entries = 0, 0
-        stack = [str(r) for r in self.roots]
+        try:
+            used, entries = self._tree()
+        except _Unmeasurable:
+            return True
+        used += self._deleted_but_open()
+        self.peak = max(self.peak, used)
+        return used > self.cap or entries > DISK_MAX_ENTRIES
+
+    def _tree(self) -> tuple[int, int]:
+        used, entries, stack = 0, 0, [str(r) for r in self.roots]
         while stack:
             try:
                 with os.scandir(stack.pop()) as it:
                     for e in it:
                         entries += 1
-                        st = e.stat(follow_symlinks=False)
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                        except FileNotFoundError:  # removed since it was listed
+                            continue
                         used += st.st_blocks * 512
                         if e.is_dir(follow_symlinks=False):
                             stack.append(e.path)
+                if entries > DISK_MAX_ENTRIES:
+                    break
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise _Unmeasurable(str(e)) from None
+        return used, entries
+
+    def _deleted_but_open(self) -> int:
+        """Bytes of files on the folders' file systems that the job's processes deleted and keep open."""
+        if self.cgroup is None:
+            return 0
+        held, seen = 0, set()
+        for pid in self.cgroup.pids():
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
             except OSError:
                 continue
-            if entries > DISK_MAX_ENTRIES:
-                self.peak = max(self.peak, used)
-                return True
-        self.peak = max(self.peak, used)
-        return used > self.cap
+            for fd in fds:
+                try:
+                    st = os.stat(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if st.st_nlink == 0 and st.st_dev in self.devices and (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    held += st.st_blocks * 512
+        return held
+
+
+class _Unmeasurable(Exception):
+    pass
 
 
 class _Reaper:
@@ -535,6 +580,16 @@ class _Reaper:
             self.proc.returncode = -signal.SIGKILL if self.proc.returncode is None else self.proc.returncode
         finally:
             self.done.set()
+
+
+def _mem_total() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def host_oom_kills() -> int | None:

@@ -313,7 +313,9 @@ class Pipeline:
             failure = _candidate_failure(run, cand, s.candidate_timeout_s)
             if failure and (why := _host_out_of_memory(run, failure)):
                 raise InfrastructureError(why)
-            if failure and failure[0] in ("crashed", "runtime_error", "disk_limit") and (
+            # A candidate killed for its own disk cap filled its own share; only a plain ENOSPC may be the host's.
+            if failure and failure[0] in ("crashed", "runtime_error", "disk_limit") and \
+                    "disk_limit" not in run.limit_events and (
                     short := _no_room_for_outputs(dirs["outputs"], sum(cand_spec["output_bytes"].values()))):
                 raise InfrastructureError(f"the candidate failed ({failure[2][:200]}) while the host had no room for "
                                           f"its outputs: {short}; not the candidate's failure")
@@ -631,7 +633,7 @@ def read_result(path: Path) -> dict | None:
     text = _read_text(path, MAX_RESULT_BYTES)
     try:
         data = json.loads(text) if text is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):  # a candidate can write JSON nested deeper than the parser's stack
         return None
     return data if isinstance(data, dict) else None
 

@@ -211,3 +211,31 @@ def test_on_a_tmpfs_job_folder_what_a_job_writes_is_bounded_by_its_memory_limit(
         assert sum(p.stat().st_size for p in (work / "w").glob("f*")) <= 256 << 20
     finally:
         shutil.rmtree(work)
+
+
+DEEP_FILL = """import os
+os.chdir(os.environ['HOME'])
+for i in range(20):  # deeper than PATH_MAX: the watcher cannot read the folders by their paths
+    os.mkdir(chr(97 + i) * 250)
+    os.chdir(chr(97 + i) * 250)
+for k in range(8):
+    with open(f"big{k}", "wb") as f:
+        f.write(b"x" * (16 << 20))
+"""
+UNLINKED_FILL = """import os, time
+held = []
+for i in range(8):  # deleted at once but kept open: no folder shows them
+    fd = os.open(f"x{i}", os.O_CREAT | os.O_WRONLY, 0o600)
+    os.unlink(f"x{i}")
+    os.write(fd, b"x" * (16 << 20))
+    held.append(fd)
+time.sleep(2)
+"""
+
+
+@pytest.mark.parametrize("code", [DEEP_FILL, UNLINKED_FILL], ids=["past_path_max", "deleted_but_open"])
+def test_the_disk_cap_counts_what_no_path_shows(tmp_path, code):
+    """Found by review: a tree deeper than PATH_MAX was skipped by the watcher, and files deleted but held open were
+    not counted at all; either passed a 32 MiB cap by 128 MiB."""
+    result = Jail(disk_bytes=32 << 20).run([sys.executable, "-c", code], workdir=tmp_path / "work", timeout_s=60)
+    assert "disk_limit" in result.limit_events, (result.returncode, result.stderr[-500:])
