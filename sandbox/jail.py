@@ -94,11 +94,6 @@ class JailResult:
             return -rc
         return rc - 128 if self.jailed and 128 < rc < 160 else None
 
-    @property
-    def memory_limited(self) -> bool:
-        """Whether a memory limit bound this run (False only under the operator's opt-out, or unjailed)."""
-        return str(self.limits.get("cgroup", "")).startswith("v")
-
 
 class UidPool:
     """Unprivileged host uids for jails of a root worker, one per jail at a time across every process of the host
@@ -148,7 +143,7 @@ class Jail:
     disk_bytes: int = 16 << 30  # what the job's writable folders (workdir, rw) may hold in all; run() may say less
     cpu_seconds: int | None = None  # soft CPU-time limit per process; None: every core for the whole timeout
     # OPERATOR OPT-OUT, loudly named: run candidates where no memory limit can be enforced (a memory bomb can then
-    # take the host into a global OOM). Every result says so (JailResult.memory_limited, stored with the verdict).
+    # take the host into a global OOM). Every verdict says so (memory_limit_enforced(), stored with it).
     unsafe_no_memory_limit: bool = False
     uid_pool: UidPool | None = None  # jail uids of a root worker (made on first use)
     _checked: bool = field(default=False, init=False, repr=False)
@@ -199,13 +194,9 @@ class Jail:
         return self._memory_limit
 
     def _probe(self) -> JailResult:
-        self._checked = True  # _run checks first; the probe is the check's last step
-        try:
-            with tempfile.TemporaryDirectory(prefix="appliance-jail-probe-") as tmp:
-                return self._run(["/bin/true"], Path(tmp), [], [], self._env(Path(tmp)), 30,
-                                 self._limits(30, self.disk_bytes), None, None, self.disk_bytes)
-        finally:
-            self._checked = False
+        with tempfile.TemporaryDirectory(prefix="appliance-jail-probe-") as tmp:
+            return self._run(["/bin/true"], Path(tmp), [], [], self._env(Path(tmp)), 30,
+                             self._limits(30, self.disk_bytes), None, None, self.disk_bytes)
 
     def policy(self, identity: Identity | None = None, workdir: Path | None = None, ro=(), rw=()) -> Policy:
         """The jail as one value: what `run` renders into bubblewrap's arguments, and what `doctor` prints."""
@@ -214,9 +205,9 @@ class Jail:
                                            self._gpu_nodes(), self.scratch_bytes, jail_policy.etc_files(identity))
         if workdir is not None:
             mounts += jail_policy.job_mounts(workdir, ro, rw, self.scratch_bytes)
-        cpu = self.cpu_seconds or self._cpu_seconds(600.0)
-        rlimits = {"core": (0, 0), "fsize": (self.max_file_bytes,) * 2, "nofile": (self.open_files,) * 2,
-                   "cpu": (cpu, cpu + CPU_GRACE_S)}
+        limits = self._limits(600.0, self.disk_bytes)  # what a run of the default timeout sets (_in_child)
+        rlimits = {"core": (0, 0), "fsize": (limits["file_bytes"],) * 2, "nofile": (self.open_files,) * 2,
+                   "cpu": (limits["cpu_seconds"], limits["cpu_hard_seconds"])}
         return Policy(
             identity=identity,
             namespaces=("pid", "net", "ipc", "uts", "cgroup", "mount") + (("user",) if identity.mode == "userns"
@@ -248,6 +239,8 @@ class Jail:
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
         channel = gate.open_channel(resident_bytes) if gate is not None and not exclusive else None
         full_env = self._env(workdir) | (env or {}) | (channel.env() if channel else {})
+        if not self.unsafe_no_jail:
+            self.check()
         disk = disk_bytes or self.disk_bytes
         limits = self._limits(timeout_s, disk)
         record, held, cgroup = TurnRecord(), None, None
@@ -281,7 +274,6 @@ class Jail:
         if self.unsafe_no_jail:
             cmd = argv
         else:
-            self.check()
             if self.host_uid_mode:
                 self.uid_pool = self.uid_pool or UidPool()
                 uid, uid_lock = self.uid_pool.take()
