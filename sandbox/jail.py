@@ -227,31 +227,39 @@ class Jail:
 
     def run(self, argv: list[str], *, workdir: Path, ro: list[Path] = (), rw: list[Path] = (),
             env: dict[str, str] | None = None, timeout_s: float = 600.0, gate: DeviceGate | None = None,
-            exclusive: bool = False, resident_bytes: int | None = 0, disk_bytes: int | None = None) -> JailResult:
+            exclusive: bool = False, resident_bytes: int | None = 0, disk_bytes: int | None = None,
+            extra_fds: tuple[int, ...] = (), stop: threading.Event | None = None) -> JailResult:
         """Run argv with `workdir` (writable, also HOME/TMPDIR/caches), `rw` writable and `ro` read-only paths.
         Together, workdir and rw may hold `disk_bytes` (default: the jail's disk_bytes; the caller, who knows what
         the job must write, may set its own).
 
         With a `gate`, the process takes turns on the device (sandbox/gate.py): it asks for them itself, or, with
         `exclusive`, holds one from start to end. It holds `resident_bytes` of device memory while resident (None:
-        the whole device); with `exclusive`, from start to end too."""
+        the whole device); with `exclusive`, from start to end too.
+
+        `extra_fds` (a socket to the process's peer) are passed in and closed here once the child has them, or when
+        nothing could start. Setting `stop` kills the process early (its peer is done with it)."""
         workdir = Path(workdir)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
         channel = gate.open_channel(resident_bytes) if gate is not None and not exclusive else None
         full_env = self._env(workdir) | (env or {}) | (channel.env() if channel else {})
-        if not self.unsafe_no_jail:
-            self.check()
         disk = disk_bytes or self.disk_bytes
         limits = self._limits(timeout_s, disk)
         record, held, cgroup = TurnRecord(), None, None
+        owned = list(extra_fds)  # _run empties it once the child has them
         if gate is not None and exclusive:
             gate.admit(record, resident_bytes)
         try:
+            if not self.unsafe_no_jail:
+                self.check()
             cgroup = self._cgroup(limits)
             if gate is not None and exclusive:
                 held = gate.acquire(record)
-            result = self._run(argv, workdir, list(ro), list(rw), full_env, timeout_s, limits, cgroup, channel, disk)
+            result = self._run(argv, workdir, list(ro), list(rw), full_env, timeout_s, limits, cgroup, channel, disk,
+                               owned, stop)
         except BaseException:
+            for fd in owned:
+                os.close(fd)
             if channel:
                 channel.close_unstarted()  # nothing was started (no jail, no fork): no pipe may leak
             if cgroup:
@@ -268,7 +276,9 @@ class Jail:
         return result
 
     def _run(self, argv, workdir: Path, ro, rw, full_env: dict, timeout_s: float, limits: dict,
-             cgroup: JobCgroup | None, channel: TurnChannel | None, disk: int) -> JailResult:
+             cgroup: JobCgroup | None, channel: TurnChannel | None, disk: int, extra_fds: list[int] | None = None,
+             stop: threading.Event | None = None) -> JailResult:
+        extra_fds = extra_fds if extra_fds is not None else []
         pass_fds: tuple[int, ...] = channel.child_fds if channel else ()
         uid_lock, identity = None, None
         if self.unsafe_no_jail:
@@ -304,6 +314,7 @@ class Jail:
             cmd += argv
             limits["seccomp"] = True
             limits["identity"] = f"{identity.mode} uid {identity.uid}"
+        pass_fds += tuple(extra_fds)
         limits["processes"] = "cgroup pids" if cgroup and "pids" in cgroup.dirs else "RLIMIT_NPROC"
         nproc = None if limits["processes"] == "cgroup pids" else self.pids_max
         watch = _DiskWatch([workdir, *rw], disk, cgroup)
@@ -316,15 +327,16 @@ class Jail:
                                         start_new_session=True, pass_fds=pass_fds,
                                         preexec_fn=lambda: self._in_child(cgroup, limits, nproc))
             finally:
-                for fd in pass_fds[2 if channel else 0:]:  # seccomp and /etc files; the turn pipes are the channel's
+                for fd in pass_fds[2 if channel else 0:]:  # seccomp, /etc files, extra; the turn pipes are the channel's
                     os.close(fd)
+                extra_fds.clear()
             if channel:
                 channel.start()
             reaper = _Reaper(proc)
             out, err = _Drain(proc.stdout), _Drain(proc.stderr)
             ended = None
             try:
-                ended = _wait(reaper, timeout_s, channel, watch)
+                ended = _wait(reaper, timeout_s, channel, watch, stop)
             finally:
                 # bwrap is the PID-namespace init: killing its group takes down every descendant, setsid or not;
                 # the cgroup catches whatever escaped (unsafe mode, or a process that outlived its namespace).
@@ -682,7 +694,8 @@ class _Drain:
         return bytes(self.kept[-OUTPUT_TAIL:]).decode(errors="replace")
 
 
-def _wait(reaper: _Reaper, timeout_s: float, channel: TurnChannel | None, disk: _DiskWatch) -> str | None:
+def _wait(reaper: _Reaper, timeout_s: float, channel: TurnChannel | None, disk: _DiskWatch,
+          stop: threading.Event | None = None) -> str | None:
     """Wait for the process for `timeout_s` of its own time, measuring its writable folders as it goes: None when it
     ended, "timeout" or "disk" when it must be killed. Seconds it waited to be admitted to the device's memory
     (sandbox/gate.py) are the other evaluations' doing, not its own: they extend the deadline, up to `timeout_s`
@@ -695,5 +708,7 @@ def _wait(reaper: _Reaper, timeout_s: float, channel: TurnChannel | None, disk: 
             return "timeout"
         if reaper.done.wait(min(remaining, DISK_POLL_S)):
             return None
+        if stop is not None and stop.is_set():
+            return "stopped"
         if disk.exceeded():
             return "disk"

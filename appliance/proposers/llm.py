@@ -20,6 +20,7 @@ import openai
 from appliance.errors import ApplianceError
 from appliance.proposers import edits
 from appliance.proposers.base import Example, PromptContext, Proposal
+from appliance.proposers.untrusted import fence_feedback
 
 PROMPTS = Path(__file__).parent / "prompts"
 LEFT_OUT = "(left out: the whole prompt did not fit the model's context window)"
@@ -136,6 +137,8 @@ def load_templates(folder: Path | None = None) -> tuple[Template, Template]:
 
 
 def prompt_fields(ctx: PromptContext) -> dict[str, str]:
+    """The templates' fields. What candidates and models wrote into the evaluator's feedback (reasons, tracebacks,
+    stderr, proposal failures) is fenced as untrusted output (untrusted.py); the system prompt says what that means."""
     return {
         "task_name": ctx.task_name,
         "task_source": ctx.task_source.strip(),
@@ -143,15 +146,17 @@ def prompt_fields(ctx: PromptContext) -> dict[str, str]:
         "backends": ", ".join(ctx.backends),
         "parent_label": ctx.parent.label or "parent",
         "parent_source": ctx.parent.source.strip(),
-        "parent_feedback": ctx.parent.feedback.strip() or "(not evaluated yet)",
+        "parent_feedback": fence_feedback(ctx.parent.feedback) or "(not evaluated yet)",
         "inspirations": "\n\n".join(_example(i, ex) for i, ex in enumerate(ctx.inspirations, 1)) or "(none yet)",
-        "history": "\n".join(f"- {line}" for line in ctx.history) or "(none yet)",
+        "history": "\n".join("- " + fence_feedback(line).replace("\n", "\n  ") for line in ctx.history)
+                   or "(none yet)",
     }
 
 
 def _example(i: int, ex: Example) -> str:
     title = f"### Inspiration {i}" + (f" ({ex.label})" if ex.label else "")
-    return f"{title}\n```python\n{ex.source.strip()}\n```\nEvaluator: {ex.feedback.strip() or '(no feedback)'}"
+    return (f"{title}\n```python\n{ex.source.strip()}\n```\n"
+            f"Evaluator: {fence_feedback(ex.feedback) or '(no feedback)'}")
 
 
 def _summary(text: str) -> str:
