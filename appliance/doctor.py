@@ -133,42 +133,23 @@ def _gpu() -> Check:
 
 
 def _jobs_dir(path: Path, gpu_host: bool | None = None) -> Check:
-    """Job folders on a tmpfs (on a GPU host): only there are files locked in place and copied by DMA."""
-    from sandbox.harness.transfer import in_memory
-
-    if in_memory(path):
-        return Check("jobs dir", True, f"{path} (tmpfs: inputs and outputs move by DMA from pages locked in place)",
-                     required=False)
-    if not (bool(_gpu_nodes()) if gpu_host is None else gpu_host):
-        return Check("jobs dir", True, f"{path} (not a tmpfs; no GPU here, so nothing is copied to one)",
-                     required=False)
-    return Check("jobs dir", False, f"{path} is not on a tmpfs: each evaluation writes and reads gigabytes there, "
-                                    "and its GPU copies go through staging buffers (slower, and turns last longer)",
-                 "set APPLIANCE_JOBS_DIR to a folder on a tmpfs, e.g. /dev/shm/appliance-jobs "
-                 "(the systemd units do), with room for ~4 GiB per evaluation in flight", required=False)
+    """Where job folders go: the referee and the kernel server share their buffers through memory, so the job
+    folders hold only the task, the candidate's source and small records; any file system does."""
+    return Check("jobs dir", True, f"{path} (task and candidate sources, records; inputs and outputs never touch it)",
+                 required=False)
 
 
 def _host_memory(jobs_dir: Path, total_bytes: int | None) -> Check:
-    """The host memory evaluations may hold (appliance/evaluation/host_memory.py), beside the room on the job
-    folders' tmpfs, where their output files take it: a tmpfs smaller than the budget fills first (a full one costs
-    the candidates in flight a retry each)."""
+    """The host memory evaluations may hold (appliance/evaluation/host_memory.py)."""
     from appliance.evaluation.host_memory import HostMemory
-    from sandbox.harness.transfer import in_memory
 
     budget = HostMemory(total_bytes).budget()
     source = "APPLIANCE_HOST_MEMORY_GIB" if total_bytes else "75% of MemTotal"
     if budget is None:
         return Check("host memory", True, "MemTotal unreadable: evaluations are bounded by their number alone",
                      required=False)
-    detail = f"evaluations in flight may hold {budget / 2**30:.0f} GiB ({source}; split between the GPUs)"
-    if in_memory(jobs_dir):
-        st = os.statvfs(jobs_dir)
-        room = st.f_blocks * st.f_frsize
-        if room < budget:
-            return Check("host memory", False, f"{detail}, but the tmpfs of {jobs_dir} holds {room / 2**30:.0f} GiB",
-                         f"mount it larger (e.g. mount -o remount,size={-(-budget // 2**30)}G) or lower "
-                         "APPLIANCE_HOST_MEMORY_GIB", required=False)
-    return Check("host memory", True, detail, required=False)
+    return Check("host memory", True, f"evaluations in flight may hold {budget / 2**30:.0f} GiB ({source}; split "
+                 "between the GPUs)", required=False)
 
 
 def _database(url: str) -> Check:

@@ -28,9 +28,9 @@ from appliance.evaluation.pipeline import EvalSettings, Pipeline, resolve_device
 from appliance.tasks import load_task  # noqa: E402
 from sandbox.jail import Jail  # noqa: E402
 
-STAGES = ("candidate", "check", "held")
+STAGES = ("candidate", "held")
 HEADER = ("| task | repeats | median of medians ms | CV % | do_bench ms | ratio | prepare s (once) | "
-          "per eval s: candidate / check processes, device held | s per eval, in flight |\n"
+          "per eval s: referee + server, device held | s per eval, in flight |\n"
           "|---|---|---|---|---|---|---|---|---|")
 
 
@@ -38,14 +38,14 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def pipeline_repeats(task, baseline: Path, device: str, repeats: int, in_flight: int
+def pipeline_repeats(task, baseline: Path, device: str, repeats: int, in_flight: int, mode: str | None = None
                      ) -> tuple[list[float], list[dict], str, float]:
     """The candidate's main-shape median and the wall seconds per process, once per evaluation; with `in_flight`
     evaluations at once, as the optimisation loop runs them (their measurements take turns on the device).
     Inputs and baselines are prepared once, by the first evaluation, as in a run."""
     from concurrent.futures import ThreadPoolExecutor
 
-    settings = EvalSettings(device=device, baselines=(), reuse_inputs=True)  # the default timing budget
+    settings = EvalSettings(device=device, mode=mode, baselines=("eager",), reuse_inputs=True)  # default budget
     pipeline = Pipeline(Jail(gpu=0 if device == "cuda" else None), settings, slots=in_flight)
     first = pipeline.evaluate(task, baseline)  # prepares the inputs (measured below as "prepare")
     outcomes = [first]
@@ -77,12 +77,13 @@ def do_bench_ms(task, baseline: Path, mode: str) -> float:
     from triton.testing import do_bench
 
     from sandbox.harness.common import load_module
-    from sandbox.harness.reference import _make_inputs
+    from sandbox.harness.task_code import init_inputs, make_inputs, set_sizes
 
     spec = {"device": "cuda", "dtype": task.manifest.dtype, "task_display": str(task.path)}
     shape = vars(task.shapes(mode)[0])  # "main" at the pipeline's size mode
     module = load_module(task.path, f"task_{task.name}")
-    init, args = _make_inputs(spec, module, shape, seed=0)
+    set_sizes(module, shape)
+    init, args = init_inputs(spec, module, 0), make_inputs(spec, module, shape, 0)
     torch.manual_seed(0)  # ModelNew is built as the candidate harness builds it: seed, CPU, then device and dtype
     model = load_module(baseline, f"baseline_{task.name}").ModelNew(*init).to("cuda")
     if spec["dtype"]:
@@ -112,6 +113,10 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--quick", action="store_true", help="3 repeats")
     parser.add_argument("--in-flight", type=int, default=3, help="evaluations at once (the loop's default per GPU)")
+    parser.add_argument("--sizes", default="", help="main-shape sizes to override, e.g. batch_size=2048 (a "
+                        "10-100 us kernel at rmsnorm's dim)")
+    parser.add_argument("--mode", default=None, help="small | full (default: full on a GPU): small sizes give the "
+                        "10-100 us kernels")
     args = parser.parse_args()
     device = resolve_device(args.device)
     repeats = 3 if args.quick else args.repeats
@@ -122,11 +127,13 @@ def main() -> int:
     rows = []
     for name in args.tasks.split(","):
         task = load_task(REPO / "benchmarks/tasks" / f"{name}.py")
+        task.sizes = task.sizes | {k: int(v) for k, v in (kv.split("=") for kv in args.sizes.split(",") if kv)}
         baseline = REPO / "benchmarks/baselines" / f"{name}.py"
         try:
-            medians, walls, mode, per_eval = pipeline_repeats(task, baseline, device, repeats, args.in_flight)
+            medians, walls, mode, per_eval = pipeline_repeats(task, baseline, device, repeats, args.in_flight,
+                                                              args.mode)
             bench = do_bench_ms(task, baseline, mode) if device == "cuda" else None
-            rows.append(row(name, repeats, medians, walls, bench, per_eval, args.in_flight))
+            rows.append(row(f"{name} {args.sizes}".strip(), repeats, medians, walls, bench, per_eval, args.in_flight))
         except Exception as exc:  # noqa: BLE001 - one broken task must not cost the other rows
             rows.append(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | | | |")
         print(rows[-1], flush=True)

@@ -38,7 +38,8 @@ Turns are recorded per process (seconds waited, seconds held exclusively, joules
 waited for admission, most other residents seen): GPU-seconds and energy are charged for exclusive time only, so
 evaluations that overlap are not charged twice. Waiting exclusive turns go first: light use never starves measuring.
 
-The harness side is `sandbox.harness.common.device_turn()` and `device_memory_freed()`; processes that measure from
+The harness side is `sandbox.harness.common.device_turn()` and `device_memory_freed()`, used by the referee alone (a
+candidate's kernel server holds no turn pipes: the referee decides when it runs); processes that measure from
 start to end (baselines, ceilings, Nsight Compute) are run with `exclusive=True`: resident and holding an exclusive
 turn throughout.
 """

@@ -64,20 +64,15 @@ def test_doctor_warns_when_the_metrics_port_is_taken(appliance):
     assert result.exit_code == 0  # a warning: a running controller holds its own port
 
 
-def test_job_folders_go_where_appliance_jobs_dir_says_and_doctor_tells_whether_that_is_a_tmpfs(appliance, monkeypatch,
-                                                                                                tmp_path):
+def test_job_folders_go_where_appliance_jobs_dir_says(appliance, monkeypatch, tmp_path):
     from appliance.config import Settings
-    from appliance.doctor import _jobs_dir
     from appliance.errors import InfrastructureError
 
-    shm = Path("/dev/shm") / f"appliance-test-jobs-{os.getpid()}"
-    monkeypatch.setenv("APPLIANCE_JOBS_DIR", str(shm))
-    try:
-        assert Settings.load().jobs_dir == shm and shm.is_dir()
-        checks = {c["name"]: c for c in json.loads(appliance("doctor", "--json").stdout)["checks"]}
-        assert checks["jobs dir"]["ok"] and "tmpfs" in checks["jobs dir"]["detail"], checks["jobs dir"]
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+    jobs = tmp_path / "jobs"
+    monkeypatch.setenv("APPLIANCE_JOBS_DIR", str(jobs))
+    assert Settings.load().jobs_dir == jobs and jobs.is_dir()
+    checks = {c["name"]: c for c in json.loads(appliance("doctor", "--json").stdout)["checks"]}
+    assert checks["jobs dir"]["ok"] and str(jobs) in checks["jobs dir"]["detail"], checks["jobs dir"]
     monkeypatch.delenv("APPLIANCE_JOBS_DIR")
     assert Settings.load().jobs_dir == Settings.load().home / "jobs"
     # A folder every user may write to (as /dev/shm itself) is refused: someone else could swap a job's files.
@@ -87,27 +82,10 @@ def test_job_folders_go_where_appliance_jobs_dir_says_and_doctor_tells_whether_t
     monkeypatch.setenv("APPLIANCE_JOBS_DIR", str(shared))
     with pytest.raises(InfrastructureError, match="writable by every user"):
         Settings.load().jobs_dir
-    monkeypatch.delenv("APPLIANCE_JOBS_DIR")
-    # A folder on a disk file system (pytest's, here) is a warning on a GPU host, with the fix; fine without a GPU.
-    on_disk = tmp_path / "jobs"
-    on_disk.mkdir()
-    if _jobs_dir(on_disk, gpu_host=True).ok:
-        pytest.skip(f"{on_disk} is on a tmpfs on this host")
-    warned = _jobs_dir(on_disk, gpu_host=True)
-    assert not warned.required and "APPLIANCE_JOBS_DIR" in warned.fix and "/dev/shm" in warned.fix
-    assert _jobs_dir(on_disk, gpu_host=False).ok
 
 
-def test_doctor_says_what_host_memory_evaluations_may_hold_and_warns_when_the_tmpfs_is_smaller(appliance, monkeypatch):
-    shm = Path("/dev/shm") / f"appliance-test-jobs-{os.getpid()}"
-    monkeypatch.setenv("APPLIANCE_JOBS_DIR", str(shm))
-    room = os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize / 2**30
-    try:
-        for gib, ok in ((room / 2, True), (room * 2, False)):
-            monkeypatch.setenv("APPLIANCE_HOST_MEMORY_GIB", str(gib))
-            checks = {c["name"]: c for c in json.loads(appliance("doctor", "--json").stdout)["checks"]}
-            memory = checks["host memory"]
-            assert memory["ok"] is ok and "APPLIANCE_HOST_MEMORY_GIB" in memory["detail"], memory
-            assert ok or "mount it larger" in memory["fix"], memory
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+def test_doctor_says_what_host_memory_evaluations_may_hold(appliance, monkeypatch):
+    monkeypatch.setenv("APPLIANCE_HOST_MEMORY_GIB", "40")
+    checks = {c["name"]: c for c in json.loads(appliance("doctor", "--json").stdout)["checks"]}
+    memory = checks["host memory"]
+    assert memory["ok"] and "40 GiB (APPLIANCE_HOST_MEMORY_GIB" in memory["detail"], memory

@@ -11,19 +11,8 @@ from __future__ import annotations
 
 # A quoted median may be this much below the device-wide one before it counts as a mismatch: generous, because
 # a false rejection of an honest kernel is worse than missing a few microseconds of hidden work.
-from sandbox.harness.timing import MISMATCH_RATIO, MISMATCH_SLACK_MS  # one definition, for the harness too
 IMPOSSIBLE_MARGIN = 1.15  # over the best measured ceiling, when the datasheet does not know the GPU
 HALF_PRECISION = {"bfloat16", "float16"}
-
-
-def timer_mismatch(timing: dict) -> str | None:
-    wide, quoted = timing.get("device_wide_ms"), timing.get("median_ms")
-    if wide is None or not quoted:
-        return None
-    if wide > MISMATCH_RATIO * quoted + MISMATCH_SLACK_MS:
-        return (f"the timed stream says {quoted:.4g} ms per call but the whole device was busy {wide:.4g} ms per "
-                "call: work outside the timed stream (a side stream or thread), or a timer that lies")
-    return None
 
 
 def memory_ceiling(ceilings: dict) -> float:

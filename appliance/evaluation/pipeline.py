@@ -145,9 +145,7 @@ class Pipeline:
         self.profile_if: Callable[[float | None], bool] | None = None
 
     def close(self) -> None:
-        """Remove the inputs kept for reuse, and this pipeline's folder."""
-        for inputs_dir, _ in self._prepared.values():
-            shutil.rmtree(inputs_dir, ignore_errors=True)
+        """Forget the baselines kept for reuse, and remove this pipeline's folder."""
         self._prepared.clear()
         self.folder.release()
 
@@ -274,7 +272,7 @@ class Pipeline:
         environment = prepared["environment"]
         details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall, "gpu_index": self.jail.gpu}
         resident = resident_estimate(prepared["shapes"], device)
-        host_bytes = evaluation_bytes(resident if device == "cpu" else 0, device, False)
+        host_bytes = evaluation_bytes(resident, device, outputs_in_memory=device == "cpu")  # CPU pools: memfds
         waited = held.enter_context(self.host_memory.hold(host_bytes))
         budget = self.host_memory.budget()
         details["host_memory"] = {"held_gib": round(host_bytes / 2**30, 2), "wait_s": round(waited, 2),
@@ -312,7 +310,7 @@ class Pipeline:
                            environment=environment, details=details)
 
         details["provenance"] = referee.get("provenance", {})
-        fallback = _library_fallback(details["provenance"], prepared["shapes"][0].get("ops", []))
+        fallback = _library_fallback(details["provenance"], prepared["shapes"][0].get("ops", []), referee["timings"])
         if fallback:
             return Outcome(**base | dict(verdict="library_fallback", stage="correctness", reason=fallback),
                            environment=environment, details=details)
@@ -381,16 +379,20 @@ class Pipeline:
 
     def _session(self, task: Task, spec: dict, job: Path, *, server_ro: list[Path], timeout: float, wall: dict,
                  turns: list[dict], label: str, exclusive: bool = False, resident_bytes: int | None = 0,
-                 server_prefix: Callable[[Path], tuple[str, ...]] | None = None) -> tuple[dict, JailResult]:
+                 server_prefix: Callable[[Path], tuple[str, ...]] | None = None,
+                 workdir: Path | None = None) -> tuple[dict, JailResult]:
         """One referee and one kernel server, each in a jail of its own, joined by a socket pair: the referee's
         record and the server's run. The referee (trusted harness, the task's code) takes the device turns; the
-        server holds none. A broken task is a TaskError, a broken referee an InfrastructureError."""
-        workdir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=job))
+        server holds none. A broken task is a TaskError, a broken referee an InfrastructureError. A referee out of
+        device memory beside other evaluations is run again alone, in the same folders."""
+        retry = workdir is not None
+        workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{label}-", dir=job))
         referee_dir, server_dir = workdir / "referee", workdir / "server"
-        referee_dir.mkdir()
-        server_dir.mkdir()
+        referee_dir.mkdir(exist_ok=retry)
+        server_dir.mkdir(exist_ok=retry)
         shutil.copy(task.path, referee_dir / "task.py")
         result_path = referee_dir / "result.json"
+        result_path.unlink(missing_ok=True)
         spec_path = referee_dir / "spec.json"
         spec_path.write_text(json.dumps(spec | {"task_file": str(referee_dir / "task.py"),
                                                 "task_display": str(task.path), "result": str(result_path),
@@ -429,7 +431,8 @@ class Pipeline:
         result = read_result(result_path)
         if result and result.get("status") == "out_of_memory" and (run.turns or {}).get("neighbours"):
             return self._session(task, spec, job, server_ro=server_ro, timeout=timeout, wall=wall, turns=turns,
-                                 label=label, exclusive=exclusive, resident_bytes=None, server_prefix=server_prefix)
+                                 label=label, exclusive=exclusive, resident_bytes=None, server_prefix=server_prefix,
+                                 workdir=workdir)
         if result and result.get("status") == "out_of_memory":
             raise TaskError(str(task.path), f"the reference ({label}) ran out of device memory with the device to "
                                             f"itself: {str(result.get('message'))[:600]}")
@@ -655,10 +658,17 @@ def read_result(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _library_fallback(provenance: dict | None, reference_ops: list[str]) -> str | None:
-    """A finding, not a speedup: no kernel of the candidate's own, or library compute ops (the reference's own, or
-    composed ones such as amax, exp, sum, div) beside it; allocation, views and copies are fine. A policy check on
-    honest output: the kernel server reports it, and can lie (correctness and time are the security boundary)."""
+# Library GEMMs and convolutions beside a kernel of the candidate's own are the usual way to fuse an epilogue (a
+# matmul's bias, activation, norm): allowed, unless they are all the reference does (the subset rule below).
+LIBRARY_GEMMS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution",
+                           "cudnn_convolution", "_scaled_mm", "addmv", "mv"})
+
+
+def _library_fallback(provenance: dict | None, reference_ops: list[str], timings: dict | None = None) -> str | None:
+    """A finding, not a speedup: a call with no kernel of the candidate's own, or library compute ops beside it (the
+    reference's own, or composed ones such as amax, exp, sum, div); allocation, views, copies and library GEMMs
+    feeding a fused kernel are fine. A policy check on honest output: the kernel server reports it, and can lie
+    (correctness and time are the security boundary)."""
     from sandbox.harness.provenance import compute_ops
 
     if not isinstance(provenance, dict) or not isinstance(provenance.get("ops"), list):
@@ -666,14 +676,18 @@ def _library_fallback(provenance: dict | None, reference_ops: list[str]) -> str 
     used = compute_ops(provenance["ops"])
     if not provenance.get("own_launches"):
         library = f" (it only called library ops: {', '.join(sorted(used))})" if used else ""
-        return f"forward launched no kernel of its own (Triton, load_inline or CuPy) in some call{library}"
+        return f"forward launched no kernel of its own (Triton, load_inline or CuPy){library}"
     ref = compute_ops(reference_ops)
     if ref and ref <= used:
         return (f"forward calls the reference's own library ops ({', '.join(sorted(ref))}) beside its kernel: "
                 "a library fallback, not a speedup")
-    if used:
-        return (f"forward calls library compute ops ({', '.join(sorted(used))}) beside its kernel: composed library "
-                "ops are a library fallback, not a speedup (allocation, views and copies are fine)")
+    if composed := used - LIBRARY_GEMMS:
+        return (f"forward calls library compute ops ({', '.join(sorted(composed))}) beside its kernel: composed "
+                "library ops are a library fallback, not a speedup (allocation, views and copies are fine)")
+    for shape, t in (timings or {}).items():
+        if isinstance(t, dict) and (t.get("launches_per_call_min") or 0) < 1:
+            return (f"timed calls at shape {shape} launched fewer kernels of their own than there were calls: a "
+                    "library fallback where no correctness call looked")
     return None
 
 

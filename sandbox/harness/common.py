@@ -1,4 +1,4 @@
-"""Helpers shared by the reference and candidate harnesses: module loading, tensors on disk, errors as data."""
+"""Helpers shared by the referee and the kernel server: module loading, device turns, errors as data."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import platform
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -26,10 +25,6 @@ def prepare_device(device: str) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
-# The turn this process holds ("S" or "A"), and whether a shared one is lent back while Triton compiles (threads
-# of one process may compile at once: the lock keeps lending and taking back in step).
-_turn = {"held": None, "lent": False}
-_turn_lock = threading.Lock()
 
 
 def _take(kind: bytes) -> None:
@@ -41,64 +36,22 @@ def _take(kind: bytes) -> None:
 
 @contextmanager
 def device_turn(shared: bool = False) -> Iterator[None]:
-    """A turn on the evaluation device (sandbox/gate.py): exclusive for measuring (no other work of ours on the
-    device), shared for light use (uploads, first calls, downloads; never during a measurement). Without a gate
-    (a single evaluation, the CPU tests) the block just runs."""
+    """A turn on the evaluation device (sandbox/gate.py), taken by the referee only: exclusive for measuring (no
+    other work of ours on the device), shared for light use (first calls, correctness; never during a measurement).
+    Without a gate (a single evaluation, the CPU tests) the block just runs."""
     if _TURN_FDS is None:
         yield
         return
-    kind = b"S" if shared else b"A"
-    _take(kind)
-    _turn.update(held=kind, lent=False)
+    _take(b"S" if shared else b"A")
     try:
         yield
     finally:
-        lent = _turn["lent"]
-        _turn.update(held=None, lent=False)
-        if not lent:  # a compile that failed never took its turn back
-            os.write(_TURN_FDS[0], b"R")
-
-
-def lend_turns_while_compiling() -> None:
-    """While Triton compiles a kernel (CPU work: its passes and ptxas, ~1.5 s on the H200), give a shared turn
-    back, and take it again before the kernel is loaded and launched: a shared turn holds off every measurement
-    on the device, and a first call compiles for seconds. An exclusive turn is never lent (it is measuring). Uses
-    Triton's compile hooks (called before and after each compilation); without them, nothing changes."""
-    if _TURN_FDS is None:
-        return
-    try:
-        from triton import knobs
-    except ImportError:  # no Triton, or one without knobs: the turn is held through compiles, as before
-        return
-
-    def before_compile(*args, **kwargs) -> bool:
-        with _turn_lock:
-            if _turn["held"] == b"S" and not _turn["lent"]:
-                _finish_queued_work()  # what the call queued so far must not run into someone's measurement
-                os.write(_TURN_FDS[0], b"R")
-                _turn["lent"] = True
-        return False  # False: compile (True would tell Triton to skip it)
-
-    def after_compile(*args, **kwargs) -> None:
-        with _turn_lock:
-            if _turn["lent"]:
-                _take(b"C")  # back ahead of waiting exclusive turns: the kernel is about to be loaded and run
-                _turn["lent"] = False
-
-    knobs.runtime.jit_cache_hook = before_compile
-    knobs.runtime.jit_post_compile_hook = after_compile
-
-
-def _finish_queued_work() -> None:
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+        os.write(_TURN_FDS[0], b"R")
 
 
 def device_memory_freed() -> None:
     """Tell the gate this process holds no device memory any more (sandbox/gate.py): its bytes stop counting
-    against the budget, so a waiting evaluation can start while this one writes its files. A later turn is
-    admitted again. Without a gate there is no one to tell."""
+    against the budget. A later turn is admitted again. Without a gate there is no one to tell."""
     if _TURN_FDS is not None:
         os.write(_TURN_FDS[0], b"F")
 
@@ -125,57 +78,6 @@ def as_outputs(result: Any) -> list | None:
     if isinstance(result, (tuple, list)) and result and all(isinstance(t, torch.Tensor) for t in result):
         return list(result)
     return None
-
-
-def to_device(values: list, device: str, layout: str, upload=None) -> list:
-    """Move saved inputs to the device (with `upload`, e.g. a transfer.Staging's, where given); `strided` makes
-    every tensor input a non-contiguous view."""
-    import torch
-
-    out = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            v = upload(v) if upload else v.to(device)
-            if layout == "strided" and v.dim() >= 1:
-                # Same values, but every row sits in a buffer twice as wide: a stride-2 view.
-                wide = torch.empty(*v.shape[:-1], v.shape[-1] * 2, dtype=v.dtype, device=device)
-                wide[..., ::2] = v
-                v = wide[..., ::2]
-        out.append(v)
-    return out
-
-
-def tensor_bytes(value) -> int:
-    """Bytes of the tensors in `value`: a tensor, or lists, tuples and dicts of them (nested); from the tensors'
-    metadata, so a memory-mapped file's data is not read."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(tensor_bytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
-    return 0
-
-
-# Host data up to this size goes to or from the device in one turn (a larger item alone): each turn costs a wait
-# behind the measurements in progress, and streamed through page-locked chunks (transfer.Staging) 4 GiB cross in
-# about half a second, which is as long as a shared turn should hold off a measurement.
-TURN_BATCH_BYTES = 4 << 30
-
-
-def turn_batches(items: list, size_of) -> list[list]:
-    """`items` in order, grouped while a group's total size stays within TURN_BATCH_BYTES (a larger item is alone),
-    a group per turn."""
-    groups, size = [], 0
-    for item in items:
-        if not groups or size + size_of(item) > TURN_BATCH_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(item)
-        size += size_of(item)
-    return groups
 
 
 def cast_floating(values: list, dtype) -> list:

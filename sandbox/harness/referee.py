@@ -43,7 +43,7 @@ ENV_FD = "APPLIANCE_SERVER_FD"
 SKIP_FRACTION, MISS_PROBABILITY = 0.05, 0.001  # skipping 5% of timed calls is caught with probability >= 0.999
 BATCH_TARGET_MS = {"cuda": 2.0, "cpu": 2.0}  # a batch at least this long: the round trip's jitter stays small
 MIN_BATCHES = {"cuda": 15, "cpu": 5}
-MAX_CALLS = 4000
+MAX_BATCHES = {"cuda": 100, "cpu": 50}
 MAX_CALLS_PER_BATCH = 256
 TIMING_POOL_BYTES = 2 << 30  # the timed batch's inputs and outputs together (one set alone may be larger)
 EMPTY_ROUND_TRIPS = 21
@@ -73,12 +73,14 @@ def main(argv: list[str]) -> int:
     sock.settimeout(spec.get("call_timeout_s", 600.0))
     try:
         result = Referee(spec, Link(sock)).run()
-    except TaskFault as exc:
-        result = {"status": "task_error", "reason": str(exc), **exc.info}
     except BaseException as exc:  # noqa: BLE001 - sorted below; anything else is our bug and propagates
-        if (oom := device_out_of_memory(exc)) is None:
+        if (oom := device_out_of_memory(exc)) is not None:
+            # Beside other evaluations the device may simply have been full: the controller runs it again alone.
+            result = {"status": "out_of_memory", "reason": str(exc)[:2000], "message": oom}
+        elif isinstance(exc, TaskFault):
+            result = {"status": "task_error", "reason": str(exc), **exc.info}
+        else:
             raise
-        result = {"status": "out_of_memory", "reason": str(exc)[:2000], "message": oom}
     finally:
         try:
             protocol.send(sock, {"op": "exit"})
@@ -212,6 +214,8 @@ class Referee:
         self.clock = time.perf_counter
         self.stages = Stages()
         self._flush_buffer = None
+        self._meter = None  # NVML's energy counter, made on first use (GPU only)
+        self._launches = math.inf  # the fewest own launches per call the server reported in a timed batch
         self.task = None
         self.provenance: dict = {}
         self.cases: list[dict] = []
@@ -340,15 +344,15 @@ class Referee:
                 snapshot = [o.clone() for o in slots.outs(0)]
                 self.sync()
                 self._note_provenance(answer)
-                if changed := slots.mutated(0, args):
-                    raise Rejected(Verdict.INPUT_MUTATED, Stage.CORRECTNESS,
-                                   f"forward modified input(s) {changed} in place {where}")
-                self._compare(sh, init, seed, args, snapshot, where, Verdict.WRONG_OUTPUT)
                 time.sleep(SETTLE_S)
                 if any(not _same(a, b) for a, b in zip(slots.outs(0), snapshot)):
                     raise Rejected(Verdict.DEFERRED_WORK, Stage.CORRECTNESS,
                                    f"the output changed after forward returned {where}: work left running on "
                                    "another stream or thread is not part of the call (and not timed)")
+                if changed := slots.mutated(0, args):
+                    raise Rejected(Verdict.INPUT_MUTATED, Stage.CORRECTNESS,
+                                   f"forward modified input(s) {changed} in place {where}")
+                self._compare(sh, init, seed, args, snapshot, where, Verdict.WRONG_OUTPUT)
             self.cases.append({"shape": shape["name"], "seed": seed, "kind": "pass", "reason": ""})
             del args, snapshot
         slots.close()
@@ -402,13 +406,11 @@ class Referee:
         rebuild). Returns (summary, calibration: the empty round trip and the cost of collecting one call's
         outputs, as this implementation measured them)."""
         seed0 = spec_seed(self.spec)
-        shape = sh["shape"]
         init = self._build(sh, seed0)
         single = self._slots(sh, "check", 1)
         with device_turn(shared=True):  # the first call compiles (torch.compile, a new shape's kernels)
             self._batch(single, 1, 0.0)
-        set_bytes = sum(a.numel() * a.element_size() for a in sh["example"] if hasattr(a, "numel")) + \
-            sh["record"]["output_bytes"]
+        set_bytes = sh["record"]["input_bytes"] + sh["record"]["output_bytes"]
         with device_turn():
             empties = []
             for _ in range(EMPTY_ROUND_TRIPS):
@@ -418,18 +420,26 @@ class Referee:
             empty_ms = statistics.median(empties)
             if calibration:  # the trusted server's round trip bounds what is taken off: a slow "empty" earns nothing
                 empty_ms = min(empty_ms, calibration["empty_ms"])
-            estimate = statistics.median(sum(self._batch(single, 1, empty_ms)[:2]) for _ in range(3))
+            estimate, cycle = [], []  # ms per call; ms of one whole single-call batch (inputs drawn, collected)
+            for _ in range(3):
+                t0 = self.clock()
+                estimate.append(sum(self._batch(single, 1, empty_ms)[:2]))
+                cycle.append((self.clock() - t0) * 1e3)
+            estimate = statistics.median(estimate)
             single.close()
             per_batch = max(1, min(MAX_CALLS_PER_BATCH, max(1, TIMING_POOL_BYTES // max(set_bytes, 1)),
                                    math.ceil(BATCH_TARGET_MS[self.device] / max(estimate, 1e-4))))
-            calls = int(min(MAX_CALLS, max(1, self.spec["timing_budget_s"] * 1e3 / max(estimate, 1e-4))))
-            batches = max(MIN_BATCHES[self.device], math.ceil(calls / per_batch))
+            # The budget bounds the whole batches (drawing inputs, checks), not only the calls in them; the extra
+            # shapes get a quarter of it (speedups are quoted on the main shape).
+            budget_ms = self.spec["timing_budget_s"] * 1e3 * (1.0 if sh["shape"]["name"] == "main" else 0.25)
+            batches = int(min(MAX_BATCHES[self.device], max(MIN_BATCHES[self.device],
+                                                            budget_ms / (per_batch * statistics.median(cycle)))))
             calls = batches * per_batch
             p = 1 - MISS_PROBABILITY ** (1 / max(1.0, SKIP_FRACTION * calls)) if check else 0.0
             slots = self._slots(sh, "timing", per_batch)
-            samples, rests, checked = [], [], 0
+            samples, rests, checked, self._energy, self._launches = [], [], 0, [0, 0.0], math.inf
             for _ in range(batches):
-                per_call, collect, seeds, sums = self._batch(slots, per_batch, empty_ms)
+                per_call, collect, seeds, sums = self._batch(slots, per_batch, empty_ms, energy=True)
                 samples.append(per_call)
                 rests.append(collect)
                 if check:
@@ -440,13 +450,18 @@ class Referee:
         # collections counts too.
         excess = max(0.0, statistics.fmean(rests) - calibration["collect_ms"]) if calibration else 0.0
         samples = [t + excess for t in samples]
-        summary = {"median_ms": statistics.median(samples), "iqr_ms": _iqr(samples), "min_ms": min(samples),
+        energy = {}
+        if self._energy[0] and self._energy[1] > 0:  # joules over the calls' round trips, per call
+            joules, seconds = self._energy[1] / 1e3, sum(samples) / 1e3 * per_batch
+            energy = {"energy_j_per_call": joules / calls, "avg_power_w": joules / max(seconds, 1e-9)}
+        summary = energy | {"median_ms": statistics.median(samples), "iqr_ms": _iqr(samples), "min_ms": min(samples),
                    "reps": calls, "batches": batches, "calls_per_batch": per_batch, "device": self.device,
                    "empty_ms": round(empty_ms, 4), "collect_ms": round(statistics.fmean(rests), 4),
-                   "collect_excess_ms": round(excess, 4), "checked_calls": checked, "check_probability": round(p, 4)}
+                   "collect_excess_ms": round(excess, 4), "checked_calls": checked, "check_probability": round(p, 4),
+                   "launches_per_call_min": self._launches}
         return summary, {"empty_ms": empty_ms, "collect_ms": statistics.fmean(rests)}
 
-    def _batch(self, slots: Slots, k: int, empty_ms: float):
+    def _batch(self, slots: Slots, k: int, empty_ms: float, energy: bool = False):
         """One timed batch of k calls on fresh inputs. Returns (ms per call, ms per call to collect the outputs and
         read them, the calls' secret seeds, the outputs' checksums)."""
         seeds = [self.secret.getrandbits(62) for _ in range(k)]
@@ -455,12 +470,19 @@ class Referee:
         self._flush()
         self.sync()
         message = {"op": "call", "calls": [slots.call(j) for j in range(k)]}
+        mj0 = self._millijoules() if energy else None
         t0 = self.clock()
-        self.link.ask(message, Stage.TIMING)
+        answer = self.link.ask(message, Stage.TIMING)
         t1 = self.clock()
+        mj1 = self._millijoules() if mj0 is not None else None
+        if mj0 is not None and mj1 is not None:
+            self._energy[0] += k
+            self._energy[1] += mj1 - mj0
         self.link.ask({"op": "land"}, Stage.TIMING)
         sums = [_checksums(slots.outs(j)) for j in range(k)]  # every byte read by us before the clock stops
         t2 = self.clock()
+        launches = answer.get("launches")  # what the server says it launched: a policy record, not a check
+        self._launches = min(self._launches, launches / k if type(launches) is int else 0.0)
         return max((t1 - t0) * 1e3 - empty_ms, 0.0) / k, max((t2 - t1) * 1e3 - empty_ms, 0.0) / k, seeds, sums
 
     def _check_timed(self, sh: dict, slots: Slots, init: list, seed0: int, seeds: list[int], sums: list,
@@ -483,6 +505,15 @@ class Referee:
             raise Rejected(Verdict.DEFERRED_WORK, Stage.TIMING, f"outputs of timed calls at shape {shape['name']} "
                            "changed after the kernel server answered: work still running when it said it was done")
         return checked
+
+    def _millijoules(self) -> int | None:
+        if not self.cuda:
+            return None
+        if self._meter is None:
+            from sandbox.harness.energy import EnergyMeter
+
+            self._meter = EnergyMeter()
+        return self._meter.millijoules()
 
     def _flush(self) -> None:
         """The L2 is the referee's business: emptied (a write larger than it) and its persisting lines reset

@@ -131,7 +131,9 @@ class Server:
         from sandbox.harness.provenance import record_ops
 
         ops: set[str] = set()
-        self.launches.count, self.launches.active = 0, record
+        # Own kernel launches are counted in every call (the count costs a Python call per launch); the ATen ops
+        # only in correctness calls ("record"): a dispatch mode adds microseconds to every op.
+        self.launches.count, self.launches.active = 0, True
         if profile:
             torch.cuda.cudart().cudaProfilerStart()
         try:
@@ -153,7 +155,7 @@ class Server:
             self.launches.active = False
             if profile:
                 torch.cuda.cudart().cudaProfilerStop()
-        return {"ok": True, "ops": sorted(ops), "launches": self.launches.count} if record else {"ok": True}
+        return {"ok": True, "launches": self.launches.count} | ({"ops": sorted(ops)} if record else {})
 
     def _land_pending(self) -> None:
         """The outputs of the calls served since the last "land", copied into the referee's buffers (it times this
@@ -170,6 +172,8 @@ class Server:
 
     def _land(self, result, buffers: list) -> None:
         """One call's outputs copied into the referee's buffers, which have the reference's dtypes and shapes."""
+        import torch
+
         outs = as_outputs(result)
         if outs is None:
             raise Failure(Verdict.WRONG_OUTPUT, Stage.CORRECTNESS,
@@ -179,6 +183,10 @@ class Server:
                           f"forward returned {len(outs)} output(s), expected {len(buffers)}")
         for i, (out, buf) in enumerate(zip(outs, buffers)):
             label = f"output {i}" if len(buffers) > 1 else "output"
+            if type(out) is not torch.Tensor:
+                raise Failure(Verdict.WRONG_OUTPUT, Stage.CORRECTNESS,
+                              f"forward returned a tensor subclass ({type(out).__name__}): only plain torch.Tensor "
+                              "outputs are accepted")
             if tuple(out.shape) != tuple(buf.shape):
                 raise Failure(Verdict.WRONG_SHAPE, Stage.CORRECTNESS,
                               f"{label} has shape {tuple(out.shape)}, expected {tuple(buf.shape)}")

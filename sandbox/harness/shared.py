@@ -18,9 +18,11 @@ import math
 import mmap
 import os
 
-from sandbox.harness.transfer import DTYPE_BYTES
 
 ALIGN = 512  # bytes; every tensor's offset in a pool is a multiple of this (any dtype's, and vector loads', alignment)
+# The dtypes a pool may hold, and their sizes (layout() needs no torch).
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+               "complex128": 16, "complex64": 8, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 

@@ -94,9 +94,12 @@ def test_memory_and_fork_bombs_on_the_gpu_host_get_their_named_verdicts(applianc
 
 
 GPU_GAMING = {  # name -> (accepted verdicts, words in the reason)
-    "side_stream": ({"deferred_work", "timing_mismatch"}, []),
-    "allocator_reuse": ({"wrong_output", "timed_output_mismatch"}, []),
-    "patches_events": ({"tampering"}, ["torch.cuda.Event.elapsed_time"]),
+    # Work on a side stream is inside the referee's clock now (the server synchronises the device before it
+    # answers, and the referee reads the outputs itself): it is timed, not hidden.
+    "side_stream": ({"pass", "deferred_work"}, []),
+    "allocator_reuse": ({"wrong_output", "timed_output_mismatch", "nan_inf"}, []),
+    # Its own process's events and timers are nobody's clock: it passes at its true time.
+    "patches_events": ({"pass"}, []),
 }
 
 
@@ -105,7 +108,7 @@ def test_gpu_gaming_candidate_is_rejected(appliance, softmax_task, name):
     verdicts, words = GPU_GAMING[name]
     code, result = appliance.eval_json(softmax_task, REPO / f"tests/fixtures/gpu/{name}.py", "--mode", "full",
                                        device="cuda")
-    assert code == 1 and result["verdict"] in verdicts, (result["verdict"], result["reason"])
+    assert result["verdict"] in verdicts, (result["verdict"], result["reason"])
     for word in words:
         assert word in result["reason"], result["reason"]
 
@@ -116,11 +119,11 @@ def test_honest_candidate_on_its_own_stream_passes(appliance, softmax_task):
     assert code == 0, result["reason"]
 
 
-def test_gpu_evidence_cross_check_energy_roofline_and_ncu(appliance, softmax_task):
+def test_gpu_evidence_referee_timing_energy_roofline_and_ncu(appliance, softmax_task):
     code, result = appliance.eval_json(softmax_task, candidate("good"), "--mode", "full", "--profile", device="cuda")
     assert code == 0, result["reason"]
     cand = next(t for t in result["timings"] if t["shape"] == "main" and t["implementation"] == "candidate")
-    assert cand["device_wide_ms"] <= 1.5 * cand["median_ms"] + 0.05, cand
+    assert cand["batches"] >= 15 and cand["checked_calls"] >= 1 and cand["collect_excess_ms"] < 0.05, cand
     assert cand["energy_j_per_call"] > 0 and 0 < cand["roofline_fraction"] < 1.2, cand
     evidence = result["evidence"]
     assert evidence["launches_per_call"] == 1

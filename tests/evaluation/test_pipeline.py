@@ -1,4 +1,4 @@
-"""Pipeline properties beyond single verdicts: NaN/Inf semantics, the torch.compile baseline, isolation, the suite."""
+"""Pipeline properties beyond single verdicts: NaN/Inf semantics, the torch.compile baseline, isolation, budgets."""
 
 from __future__ import annotations
 
@@ -33,13 +33,13 @@ def test_torch_compile_baseline_is_timed_like_the_candidate(appliance, softmax_t
     assert data["speedup_vs_compile"] == pytest.approx(main["compile"]["median_ms"] / main["candidate"]["median_ms"])
 
 
-def test_candidate_sees_only_its_inputs(appliance, softmax_task, home):
+def test_candidate_sees_only_its_own_source(appliance, softmax_task, home):
     code, result = appliance.eval_json(softmax_task, candidate("snoops"))
     assert result["verdict"] == "runtime_error", result["reason"]
     reason = result["reason"]
     assert "SUSPICIOUS []" in reason, reason
-    # Its own file and the saved inputs are there; the task, its manifest and the database are not.
-    assert "candidate.py" in reason and "main-0.pt" in reason
+    # Its own file is there; no input file (the referee's buffers hold the inputs), no task, no database.
+    assert "candidate.py" in reason and ".pt" not in reason.split("VISIBLE", 1)[1], reason
     assert (home / "appliance.db").exists()
 
 
@@ -53,9 +53,9 @@ def test_every_bundled_baseline_passes_on_cpu(appliance):
     assert not failures, failures
 
 
-def test_the_check_starts_beside_the_candidate_and_is_stopped_when_the_candidate_fails(softmax_task, tmp_path):
-    """The check process loads the task while the candidate runs, then waits to be told to go: with a passing
-    candidate it went on (and waited for it); with a failing one it was stopped, reading nothing."""
+def test_the_referee_and_the_server_end_with_the_evaluation_whatever_the_verdict(softmax_task, tmp_path):
+    """A passing, a wrong and a crashing candidate: each gets its verdict from the referee's session, the referee says
+    where its time went, and no job folder (and so no process) is left behind."""
     from appliance.evaluation.pipeline import EvalSettings, Pipeline
     from appliance.tasks import load_task
     from sandbox.jail import Jail
@@ -65,17 +65,16 @@ def test_the_check_starts_beside_the_candidate_and_is_stopped_when_the_candidate
     task = load_task(softmax_task)
     good = pipeline.evaluate(task, candidate("good"))
     assert good.verdict == "pass", good.reason
-    stages = good.details["stage_s"]["check"]
-    assert stages["start"] > 0 and stages["wait_for_candidate"] > 0  # it was ready before the outputs were
-    # Each process says how much CPU it used (importing torch alone takes more than a tenth of a second).
-    assert stages["cpu_s"] > 0.1 and good.details["stage_s"]["candidate"]["cpu_s"] > 0.1
+    stages = good.details["stage_s"]["referee"]
+    assert {"load", "load_candidate", "correctness", "timing"} <= set(stages), stages
+    assert stages["cpu_s"] > 0.1  # importing torch alone takes more than a tenth of a second
+    assert [c["kind"] for c in good.details["cases"]] == ["pass"] * 6  # 3 shapes x 2 seeds
     bad = pipeline.evaluate(task, candidate("edge_wrong"))
-    assert bad.verdict == "wrong_output"  # the check's own verdict: it went on here too
+    assert bad.verdict == "wrong_output", bad.reason
     crashed = pipeline.evaluate(task, candidate("raises"))
     assert crashed.verdict == "runtime_error", crashed.reason
-    assert "check" in crashed.details["wall_s"]  # started, then stopped by the failure: it ran, and it ended
     pipeline.close()
-    assert not list(tmp_path.glob("eval-*"))  # every job directory is gone: no check process was left behind
+    assert not list(tmp_path.glob("eval-*"))
 
 
 def _pipeline(tmp_path, slots: int):
@@ -200,22 +199,19 @@ def test_out_of_memory_for_more_than_the_device_could_give_alone_is_not_retried(
     assert outcome.details["device_turns"]["neighbours"] >= 1 and "retried_alone" not in outcome.details
 
 
-def test_resident_estimate_counts_inputs_outputs_and_strided_copies(tmp_path):
+def test_resident_estimate_counts_the_timing_pool_twice_and_the_float64_reference():
     from appliance.evaluation.pipeline import CHECK_COMPARE_BYTES, PROCESS_ALLOWANCE_BYTES, resident_estimate
+    from sandbox.harness.referee import MAX_CALLS_PER_BATCH, TIMING_POOL_BYTES
 
-    for name, size in [("main-0", 1000), ("main-1", 1000), ("odd-0", 300), ("odd-1", 300)]:
-        (tmp_path / f"{name}.pt").write_bytes(b"x" * size)
-    spec = {"seeds": [0, 1], "dtype": "float32",
-            "shapes": [{"name": "main", "layout": "contiguous"}, {"name": "odd", "layout": "strided"}]}
-    prepared = [{"name": "main", "outputs": [{"dtype": "float32", "shape": [10, 10]}]},  # 400 bytes per call
-                {"name": "odd", "outputs": [{"dtype": "float32", "shape": [5]}]}]  # 20 bytes per call
-    candidate, check = resident_estimate(tmp_path, spec, prepared)
-    inputs = 2000 + 2 * 600  # strided inputs sit in buffers twice as wide
-    outputs = 3 * 400 + 3 * 20  # two seeds and the timed call, kept until written
-    # Beside them, at most a snapshot of the largest set and the comparison's temporaries, and two calls' outputs.
-    assert candidate == inputs + outputs + 2 * 1000 + 2 * 400 + PROCESS_ALLOWANCE_BYTES
-    # The check holds one case at a time: main's input set and outputs, and their float64 copies.
-    assert check == 1000 + 400 + 1000 * 2 + 100 * 8 + CHECK_COMPARE_BYTES + PROCESS_ALLOWANCE_BYTES
+    small = [{"name": "main", "input_bytes": 1000, "output_bytes": 400}, {"name": "odd", "input_bytes": 10,
+                                                                             "output_bytes": 4}]
+    pool = MAX_CALLS_PER_BATCH * 1400  # the largest set, as many times as a batch has calls
+    fixed = CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
+    assert resident_estimate(small, "cpu") == 2 * pool + 4 * 1400 + fixed
+    assert resident_estimate(small, "cuda") == 2 * pool + 4 * 1400 + (256 << 20) + fixed  # the L2 flush buffer
+    big = [{"name": "main", "input_bytes": 3 << 30, "output_bytes": 1 << 30}]  # one set past the pool's bound
+    assert resident_estimate(big, "cuda") == 2 * (4 << 30) + 4 * (4 << 30) + (256 << 20) + fixed
+    assert TIMING_POOL_BYTES < 4 << 30
 
 
 def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone(tmp_path):
@@ -233,15 +229,15 @@ def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone
 
     def leave_once_the_check_ran_out():  # ... so that the retry, which waits for the device to itself, can start
         deadline = time.monotonic() + 120
-        while not list(tmp_path.glob("eval-*/check/ran-out-once")) and time.monotonic() < deadline:
+        while not list(tmp_path.glob("eval-*/candidate-*/referee/ran-out-once")) and time.monotonic() < deadline:
             time.sleep(0.05)
         pipeline.gate.leave(neighbour)
 
     threading.Thread(target=leave_once_the_check_ran_out, daemon=True).start()
     outcome = pipeline.evaluate(task, candidate("good"))
     assert outcome.verdict == "pass", outcome.reason
-    # prepare, the candidate, and the check twice
-    assert len(outcome.details["device_turns"]["held_s_by_process"]) == 4, outcome.details["device_turns"]
+    # prepare, and the candidate's referee twice
+    assert len(outcome.details["device_turns"]["held_s_by_process"]) == 3, outcome.details["device_turns"]
 
     always = tmp_path / "always_oom.py"
     always.write_text(task.path.read_text().replace("OOM_ONCE = True", "OOM_ONCE = False"))
@@ -251,26 +247,13 @@ def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone
     pipeline.close()
 
 
-def test_host_transfers_are_grouped_into_turns_of_bounded_size():
-    """Small files share one turn; a gigabyte-sized one crosses alone (a waiting measurement waits out each turn);
-    order is kept and nothing is lost or repeated."""
-    from sandbox.harness.common import TURN_BATCH_BYTES, turn_batches
-
-    small, big = TURN_BATCH_BYTES // 4, TURN_BATCH_BYTES * 4
-    sizes = [small, small, big, small, big, big, small, small, small, small, small]
-    groups = turn_batches(list(range(len(sizes))), lambda i: sizes[i])
-    assert [i for g in groups for i in g] == list(range(len(sizes)))
-    assert all(sum(sizes[i] for i in g) <= TURN_BATCH_BYTES or len(g) == 1 for g in groups)
-    assert groups == [[0, 1], [2], [3], [4], [5], [6, 7, 8, 9], [10]]
-    assert turn_batches([], lambda i: 0) == []
 
 
-def test_small_shapes_share_turns(softmax_task, tmp_path):
-    """Every turn waits behind the measurements in progress, so an evaluation of small shapes takes a fixed few:
-    the candidate's uploads (every shape and seed), correctness calls, timing and downloads one each, and the check
-    one for all its cases; not one per shape or per case (this task: 3 shapes x 2 seeds + 3 timed outputs). The
-    first evaluation is also charged the prepare made ahead (one exclusive turn, which on a GPU measures the
-    device's ceilings too), and shows where that prepare's time went."""
+
+def test_an_evaluation_takes_a_fixed_few_turns(softmax_task, tmp_path):
+    """Every turn waits behind the measurements in progress: the referee takes one shared turn per correctness call
+    (3 shapes x 2 seeds), and per shape a shared one for the first call and an exclusive one for timing; the first
+    evaluation is also charged the prepare made ahead (one exclusive process), and shows where its time went."""
     from appliance.tasks import load_task
 
     pipeline = _pipeline(tmp_path, slots=1)
@@ -279,34 +262,12 @@ def test_small_shapes_share_turns(softmax_task, tmp_path):
     outcome = pipeline.evaluate(task, candidate("good"))
     pipeline.close()
     assert outcome.verdict == "pass", outcome.reason
-    assert len(outcome.details["cases"]) == 9
-    assert outcome.details["device_turns"]["turns"] == 4 + 1 + 1, outcome.details["device_turns"]
-    assert {"load", "inputs", "eager", "cpu_s"} <= set(outcome.details["stage_s"]["prepare"]), outcome.details
+    assert len(outcome.details["cases"]) == 6
+    assert outcome.details["device_turns"]["turns"] == 6 + 3 * 2 + 1, outcome.details["device_turns"]
+    assert {"load", "eager", "cpu_s"} <= set(outcome.details["stage_s"]["prepare"]), outcome.details
 
 
-def test_a_candidate_that_fails_while_the_host_has_no_room_for_outputs_is_not_blamed(softmax_task, tmp_path,
-                                                                                     monkeypatch):
-    """Out of space on the host is an infrastructure failure (the loop queues the candidate again), not the
-    candidate's crash; with room, the same crash is the candidate's."""
-    import os
 
-    from appliance.errors import InfrastructureError
-    from appliance.evaluation import pipeline as pipeline_module
-    from appliance.tasks import load_task
-
-    pipeline = _pipeline(tmp_path, slots=1)
-    task = load_task(softmax_task)
-    assert pipeline.evaluate(task, candidate("segfaults")).verdict == "crashed"
-    real = os.statvfs
-
-    def full(path):
-        st = real(path)
-        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, 0, 0) + tuple(st)[5:])
-
-    monkeypatch.setattr(pipeline_module.os, "statvfs", full)
-    with pytest.raises(InfrastructureError, match="no room for its outputs"):
-        pipeline.evaluate(task, candidate("segfaults"))
-    pipeline.close()
 
 
 def test_a_candidate_killed_while_the_hosts_oom_killer_fired_is_not_blamed(softmax_task, tmp_path, monkeypatch):
@@ -342,27 +303,21 @@ def _no_cgroup(*args):
     raise CgroupUnavailable("no cgroup here (test)")
 
 
-def test_a_candidate_that_filled_the_disk_itself_is_still_to_blame(tmp_path):
-    from appliance.evaluation.pipeline import _no_room_for_outputs
-
-    (tmp_path / "junk").write_bytes(b"x" * (1 << 20))
-    assert _no_room_for_outputs(tmp_path, 1 << 10) is None  # it wrote more than its outputs take
-    assert _no_room_for_outputs(tmp_path, 1 << 62) is not None  # honest outputs do not fit
 
 
-def test_a_candidate_cannot_rewrite_its_spec(softmax_task, tmp_path):
-    """The spec a candidate's harness reads lies in a folder its jail mounts read-only: a candidate that rewrote it
-    would choose what its retry alone (after running out of memory beside others) or its profile run measures."""
+
+def test_a_candidate_cannot_rewrite_its_source(softmax_task, tmp_path):
+    """The kernel server loads the submitted source from a folder its jail mounts read-only: a candidate that
+    rewrote it would choose what its retry alone (after running out of memory beside others) or its profile run
+    evaluates."""
     from appliance.tasks import load_task
 
     pipeline = _pipeline(tmp_path, slots=1)
-    outcome = pipeline.evaluate(load_task(softmax_task), candidate("rewrites_its_spec"))
+    outcome = pipeline.evaluate(load_task(softmax_task), candidate("rewrites_its_source"))
     pipeline.close()
     assert outcome.verdict == "pass", outcome.reason
-    assert re.search("spec rewrite refused: (Read-only file system|Permission denied)",
-                     outcome.details["candidate_stderr"]), \
-        outcome.details["candidate_stderr"]
-
+    assert re.search("source rewrite refused: (Read-only file system|Permission denied)",
+                     outcome.details["candidate_stderr"]), outcome.details["candidate_stderr"]
 
 
 def test_ceilings_come_from_a_cache_of_the_same_gpu_and_driver_and_anything_else_is_measured_again(tmp_path):

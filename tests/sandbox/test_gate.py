@@ -256,56 +256,6 @@ def test_an_exclusive_process_is_resident_from_start_to_end(tmp_path):
     assert gate.residents() == 0 and gate.idle()
 
 
-# Inside the jail: in a turn of the given kind, what Triton does at a first call: its hook before compiling, the
-# compile (here: until the test says "compiled", or argv[2] seconds), its hook after; timestamps logged.
-COMPILES = """
-import json, os, sys, time
-from triton import knobs
-from sandbox.harness.common import device_turn, lend_turns_while_compiling
-lend_turns_while_compiling()
-log = {}
-with device_turn(shared=sys.argv[1] == "shared"):
-    log["turn"] = time.time()
-    open("in_turn", "w").close()
-    assert knobs.runtime.jit_cache_hook(key="k", repr="kernel", fn=None, compile={}, is_manual_warmup=False,
-                                        already_compiled=False) is False  # False: Triton compiles
-    log["compile"] = time.time()
-    deadline = time.time() + float(sys.argv[2])
-    while not os.path.exists("compiled") and time.time() < deadline:
-        time.sleep(0.01)
-    knobs.runtime.jit_post_compile_hook(key="k", repr="kernel", fn=None, compile={}, is_manual_warmup=False,
-                                        already_compiled=False)
-    log["compiled"] = time.time()
-open("log.json", "w").write(json.dumps(log))
-"""
-
-
-@pytest.mark.parametrize("kind", ["shared", "exclusive"])
-def test_a_shared_turn_is_lent_back_while_triton_compiles_an_exclusive_one_is_not(tmp_path, kind):
-    gate = DeviceGate()
-    (tmp_path / "compiling").mkdir()
-    compiling = threading.Thread(target=lambda: results.append(Jail().run(
-        [sys.executable, "-c", COMPILES, kind, "30" if kind == "shared" else "2"], workdir=tmp_path / "compiling",
-        gate=gate, timeout_s=60)))
-    results = []
-    compiling.start()
-    _until(lambda: (tmp_path / "compiling" / "in_turn").exists(), timeout=60)
-    (tmp_path / "measuring").mkdir()
-    measuring = Jail().run([sys.executable, "-c", "import time; print(time.time())"], workdir=tmp_path / "measuring",
-                           gate=gate, exclusive=True, timeout_s=60)
-    (tmp_path / "compiling" / "compiled").touch()
-    compiling.join(timeout=60)
-    assert results[0].returncode == 0 and measuring.returncode == 0, results[0].stderr + measuring.stderr
-    log = json.loads((tmp_path / "compiling" / "log.json").read_text())
-    measured_at = float(measuring.stdout.strip())
-    if kind == "shared":  # the measurement ran while the other process compiled, and the turn was taken again
-        assert log["compile"] < measured_at < log["compiled"], (log, measured_at)
-        assert results[0].turns["turns"] == 2, results[0].turns
-    else:  # an exclusive turn is measuring: it is never lent, the measurement waited for it
-        assert measured_at > log["compiled"], (log, measured_at)
-        assert results[0].turns["turns"] == 1, results[0].turns
-
-
 def test_a_lent_turn_is_taken_back_ahead_of_waiting_measurements_but_not_during_one():
     from sandbox.gate import TurnRecord
 

@@ -1,0 +1,62 @@
+"""Candidates that attack the harness from inside their own process, having read its source: each class of the
+issue-24 review (records, harness internals, saved outputs, inputs, checking, provenance, robustness, turns) has one
+here, and each is judged by the referee, whose inputs, buffers and clock the candidate's process cannot reach."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import FIXTURES
+
+REFEREE = FIXTURES / "referee"
+
+# name -> (verdict, stage, words in the reason)
+CASES = {
+    "forges_record_at_exit": ("wrong_output", "correctness", ["max abs err"]),
+    "rebinds_the_server": ("nan_inf", "correctness", ["NaN/Inf"]),
+    "skips_most_timed_calls": ("timed_output_mismatch", "timing", ["timed call"]),
+    "late_writer": ("deferred_work", "correctness", ["changed after forward returned"]),
+    "corrupts_after_check": ("deferred_work", "correctness", ["changed after forward returned"]),
+    "composed_token_kernel": ("library_fallback", "correctness", ["composed library ops", "exp"]),
+    "hides_library_from_the_recorder": ("library_fallback", "correctness", ["fewer kernels of their own"]),
+    "garbage_answers": ("protocol_error", "load", ["broke the protocol", "not a JSON message"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_candidate_attacking_the_harness_gets_the_named_verdict(appliance, softmax_task, name):
+    verdict, stage, words = CASES[name]
+    code, result = appliance.eval_json(softmax_task, REFEREE / f"{name}.py")
+    assert code == 1, result
+    assert (result["verdict"], result["stage"]) == (verdict, stage), result["reason"]
+    for word in words:
+        assert word in result["reason"], result["reason"]
+
+
+def test_work_left_for_the_collection_of_outputs_is_charged(appliance, softmax_task):
+    """It answers "call" at once and works (30 ms a call) while its outputs are collected: the referee's clock
+    runs until it has read them, so the time it reports is at least the hidden work."""
+    code, result = appliance.eval_json(softmax_task, REFEREE / "answers_before_the_work.py")
+    assert code == 0, result["reason"]
+    main = next(t for t in result["timings"] if t["shape"] == "main" and t["implementation"] == "candidate")
+    assert main["median_ms"] >= 30, main
+    assert main["collect_excess_ms"] >= 25, main
+
+
+def test_the_kernel_server_holds_no_device_turn_pipes(softmax_task, tmp_path):
+    """The referee takes the device turns (sandbox/gate.py); the candidate's process has no pipe to the gate."""
+    from appliance.evaluation.pipeline import EvalSettings, Pipeline
+    from appliance.tasks import load_task
+    from sandbox.jail import Jail
+
+    pipeline = Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05,
+                                             jobs_dir=tmp_path))
+    outcome = pipeline.evaluate(load_task(softmax_task), REFEREE / "holds_a_turn.py")
+    pipeline.close()
+    assert outcome.verdict == "pass", outcome.reason
+    assert outcome.details["device_turns"]["turns"] > 0  # the referee took turns
+    line = next(ln for ln in outcome.details["candidate_stderr"].splitlines() if ln.startswith("TURN_ENV"))
+    assert "TURN_ENV []" in line, line
+    fds = eval(line.split("FDS", 1)[1])  # noqa: S307 - our own fixture's printout of a dict
+    assert not [t for fd, t in fds.items() if fd > 2 and t.startswith("pipe:")], fds  # the socket, nothing else
+    assert sum(t.startswith("socket:") for t in fds.values()) == 1, fds

@@ -1,0 +1,133 @@
+"""The referee's reader of the kernel server's answers: every malformation is a named error, never a crash.
+
+Fuzzed with random bytes and with adversarial records (deep nesting, huge numbers, wrong kinds, forged verdicts),
+both at the parser and through a real socket pair into the referee's Link."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import struct
+import threading
+
+import pytest
+
+from sandbox import protocol
+from sandbox.harness.referee import Gone, Link, Rejected
+from sandbox.protocol import ProtocolError, Stage, Verdict
+
+ADVERSARIAL = [
+    b"", b"\xff\xfe", b"null", b"[]", b"1e999999", b'"ok"', b"NaN", b'{"ok": NaN}', b"[" * 100_000 + b"]" * 100_000,
+    b'{"a":' * 50_000 + b"1" + b"}" * 50_000, b'{"ok": 1}', b'{"ok": "true"}', b'{"ok": false}',
+    b'{"ok": false, "failure": []}', b'{"ok": false, "failure": {"verdict": "pass", "stage": "done"}}',
+    b'{"ok": false, "failure": {"verdict": "memory_limit", "stage": "timing"}}',
+    b'{"ok": false, "failure": {"verdict": "wrong_output", "stage": "nowhere"}}',
+    b'{"ok": false, "failure": {"verdict": "runtime_error", "stage": "timing", "reason": {"x": 1}, "line": "7"}}',
+]
+
+
+def _answer(body: bytes) -> dict:
+    return protocol.answer_of(protocol.parse(body))
+
+
+@pytest.mark.parametrize("body", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
+def test_an_adversarial_answer_is_a_protocol_error_or_a_checked_failure(body):
+    try:
+        answer = _answer(body)
+    except ProtocolError:
+        return
+    assert answer["ok"] is False  # only a well-formed self-reported failure gets through, its texts made strings
+    failure = answer["failure"]
+    assert failure["verdict"] in protocol.SELF_REPORTED and isinstance(failure["reason"], str)
+    assert failure["line"] is None or type(failure["line"]) is int
+
+
+def test_random_bytes_never_get_past_the_parser_as_anything_but_an_answer_or_protocol_error():
+    rng = random.Random(24)
+    pieces = [b"{", b"}", b"[", b"]", b'"ok"', b":", b",", b"true", b"false", b'"failure"', b'"verdict"', b"1e400",
+              b'"runtime_error"', b'"timing"', b"\\u0000", b"\xc3", b"-", b"0"]
+    for _ in range(3000):
+        body = b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 40))) if rng.random() < 0.7 else \
+            os.urandom(rng.randrange(0, 64))
+        try:
+            answer = _answer(body)
+        except ProtocolError:
+            continue
+        assert answer["ok"] in (True, False)
+
+
+def test_a_self_reported_failure_keeps_its_verdict_and_is_cut_short():
+    body = json.dumps({"ok": False, "failure": {"verdict": "runtime_error", "stage": "correctness",
+                                                "reason": "x" * 100_000, "line": 3}}).encode()
+    failure = _answer(body)["failure"]
+    assert failure["verdict"] == Verdict.RUNTIME_ERROR and failure["stage"] == Stage.CORRECTNESS
+    assert len(failure["reason"]) == protocol.FAILURE_TEXT_CHARS and failure["line"] == 3
+
+
+def _serve(sock: socket.socket, frames: list[bytes], fds: int = 0) -> None:
+    """A hostile kernel server: reads one request, then writes raw frames."""
+    try:
+        protocol.receive(sock)
+        for frame in frames:
+            if fds:
+                spare = [os.open("/dev/null", os.O_RDONLY) for _ in range(fds)]
+                socket.send_fds(sock, [frame[:1]], spare)
+                sock.sendall(frame[1:])
+                for fd in spare:
+                    os.close(fd)
+            else:
+                sock.sendall(frame)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack("!I", len(body)) + body
+
+
+HOSTILE_FRAMES = {
+    "announces 4 GiB": [struct.pack("!I", 0xFFFFFFFF)],
+    "deep JSON": [_frame(b"[" * 300_000 + b"]" * 300_000)],
+    "forged verdict": [_frame(b'{"ok": false, "failure": {"verdict": "pass", "stage": "done"}}')],
+    "half a header then gone": [b"\x00\x00"],
+    "half a body then gone": [struct.pack("!I", 100) + b'{"ok":'],
+    "a list": [_frame(b"[1, 2, 3]")],
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_FRAMES))
+def test_the_referee_link_turns_every_hostile_answer_into_gone_or_rejected(name):
+    ours, theirs = socket.socketpair()
+    ours.settimeout(5)
+    server = threading.Thread(target=_serve, args=(theirs, HOSTILE_FRAMES[name]))
+    server.start()
+    with pytest.raises((Gone, Rejected)) as caught:
+        Link(ours).ask({"op": "empty"}, Stage.TIMING)
+    server.join()
+    if isinstance(caught.value, Rejected):
+        assert caught.value.verdict == Verdict.PROTOCOL_ERROR
+
+
+def test_descriptors_sent_with_an_answer_are_closed_and_too_many_are_a_protocol_error():
+    before = len(os.listdir("/proc/self/fd"))
+    ours, theirs = socket.socketpair()
+    ours.settimeout(5)
+    server = threading.Thread(target=_serve, args=(theirs, [_frame(b'{"ok": true}')], protocol.MAX_FDS + 3))
+    server.start()
+    with pytest.raises(Rejected):
+        Link(ours).ask({"op": "empty"}, Stage.TIMING)
+    server.join()
+    ours.close()
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_silent_server_is_gone_after_the_timeout():
+    ours, theirs = socket.socketpair()
+    ours.settimeout(0.3)
+    with pytest.raises(Gone, match="did not answer in time"):
+        Link(ours).ask({"op": "empty"}, Stage.TIMING)
+    theirs.close()
