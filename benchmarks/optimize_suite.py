@@ -87,9 +87,9 @@ def where_time_went(details: list[dict], host_busy: float | None) -> str:
     cpu = [{k: (v or {}).get("cpu_s") for k, v in (d.get("stage_s") or {}).items()} for d in details]
     turns = [d.get("device_turns") or {} for d in details]
     most = max((t.get("neighbours", 0) for t in turns), default=0)
-    return (f"median s per evaluation: candidate {median([w.get('candidate') for w in wall])} "
-            f"(CPU {median([c.get('candidate') for c in cpu])}), check {median([w.get('check') for w in wall])} "
-            f"(CPU {median([c.get('check') for c in cpu])}), device held {median([t.get('held_s') for t in turns])}, "
+    return (f"median s per evaluation: referee and server {median([w.get('candidate') for w in wall])} "
+            f"(referee CPU {median([c.get('referee') for c in cpu])}), device held "
+            f"{median([t.get('held_s') for t in turns])}, "
             f"waited for turns {median([t.get('wait_s') for t in turns])}, for memory "
             f"{median([t.get('resident_wait_s') for t in turns])}; at most {most + 1} resident at once; host CPUs "
             f"{fmt(host_busy, '.0%')} busy over the run ({len(os.sched_getaffinity(0))} cores)"
@@ -102,7 +102,7 @@ def host_memory(details: list[dict]) -> str:
     held = [d.get("host_memory") or {} for d in details]
     peaks = {p: sorted(v for d in details if isinstance(v := ((d.get("stage_s") or {}).get(p) or {})
                                                          .get("rss_anon_peak_gib"), (int, float)))
-             for p in ("candidate", "check")}
+             for p in ("referee", "prepare")}
     waits = sorted(h["wait_s"] for h in held if isinstance(h.get("wait_s"), (int, float)))
     kills = sum(1 for d in details if ((d.get("jail") or {}).get("limit_events") or {}).get("host_oom_kills"))
     budget = next((h.get("budget_gib") for h in reversed(held) if h.get("budget_gib")), None)

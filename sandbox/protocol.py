@@ -153,7 +153,8 @@ def answer_of(message: dict) -> dict:
     if message.get("ok") is not False or not isinstance(failure, dict):
         raise ProtocolError("an answer is neither {\"ok\": true} nor a failure")
     verdict, stage = failure.get("verdict"), failure.get("stage")
-    if verdict not in SELF_REPORTED or stage not in Stage.__members__.values():
+    if not (isinstance(verdict, str) and isinstance(stage, str)) or verdict not in SELF_REPORTED or \
+            stage not in Stage.__members__.values():
         raise ProtocolError(f"a failure with verdict {str(verdict)[:40]!r} and stage {str(stage)[:20]!r}, which the "
                             "kernel server never reports")
     texts = {k: str(failure.get(k, ""))[:FAILURE_TEXT_CHARS] for k in ("reason", "type", "traceback")}

@@ -2,7 +2,7 @@
 
     1. baselines (once per task with reuse_inputs): the referee times the task's Model, eager and torch.compile'd,
        served by a kernel server of their own; its record holds each shape's outputs and the calibration (the
-       round trip and the cost of collecting outputs) that every candidate of the task is timed with;
+       round trip and the cost of the referee's read of outputs) that every candidate of the task is timed with;
     2. candidate: the referee (sandbox/harness/referee.py: the task's code, the inputs, the output buffers, the
        clock) drives the candidate's kernel server (sandbox/harness/server.py) over a socket pair: correctness on
        every shape and seed against float64, then timing on fresh inputs with secret checks of timed calls.
@@ -832,8 +832,8 @@ def _signal_name(number: int) -> str:
 
 
 # Numbers the referee reports beside the median: how it timed (batches, the round trip it took off, the cost of
-# collecting outputs and what a candidate's collection took beyond it) and how many timed calls it checked.
-TIMING_EVIDENCE = ("batches", "calls_per_batch", "empty_ms", "collect_ms", "collect_excess_ms", "checked_calls",
+# its own read of the outputs, both taken off) and how many timed calls it checked.
+TIMING_EVIDENCE = ("batches", "calls_per_batch", "empty_ms", "read_ms", "checked_calls",
                    "check_probability", "energy_j_per_call", "avg_power_w")
 
 

@@ -6,18 +6,20 @@ It runs the task's own code (jailed, like the candidate) and talks to one kernel
 over an AF_UNIX socket, with buffers shared between the two (sandbox/harness/shared.py). Roles:
 
   baselines   the server runs the task's Model, eager and torch.compile'd: their times, the shapes' outputs, the
-              reference's ops, and the calibration (round trip, cost of collecting outputs) candidates are timed with;
+              reference's ops, and the calibration (round trip, cost of our read of the outputs) candidates are
+              timed with;
   candidate   the server runs ModelNew: correctness on every shape and seed, then timing, with checks;
   profile     one call inside cudaProfilerStart/Stop, for Nsight Compute wrapped around the server.
 
 What a candidate's process says is never believed. For each call the referee draws fresh inputs from the task's
 get_inputs() under a secret seed, writes them into the shared buffers, poisons the output buffers, flushes the L2
 (GPU) and only then sends "call". A batch of K calls is timed by the referee's clock from the request until the
-outputs are collected into its buffers and it has read every byte of them itself; the calibrated empty round trip
-and the trusted cost of collecting outputs are taken off. Afterwards it picks in secret which timed calls to check
-(enough that skipping 5% of calls is caught with probability >= 0.999), draws their inputs again from their
-seeds, and checks inputs and outputs against the float64 reference. Outputs must be final when the server answers:
-their checksums are taken again after the checks.
+outputs are collected into its buffers and it has read every byte of them itself; the calibrated empty round trips
+and the cost of its own read (never more than the trusted server's) are taken off. Collecting the outputs (a device
+copy of their bytes into the referee's buffers) stays in, for candidates and baselines alike. Afterwards it picks in secret which timed calls to check
+(enough that skipping 5% of calls is caught with probability >= 0.999), copies their outputs at once, draws their
+inputs again from their seeds, and checks inputs and outputs against the float64 reference. Outputs must be final
+when the server answers: their checksums are taken again at once and after the checks.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ MAX_BATCHES = {"cuda": 100, "cpu": 50}
 MAX_CALLS_PER_BATCH = 256
 TIMING_POOL_BYTES = 2 << 30  # the timed batch's inputs and outputs together (one set alone may be larger)
 EMPTY_ROUND_TRIPS = 21
+ENERGY_WINDOW_S, ENERGY_MAX_BATCHES = 0.1, 30  # energy: calls over at least this long, or this many batches
 SETTLE_S = 0.02  # between an answer and the second look at its outputs
 
 
@@ -110,8 +113,9 @@ class Link:
             os.close(fd)
         try:
             answer = protocol.answer_of(answer)
-        except ProtocolError as exc:
-            raise Rejected(Verdict.PROTOCOL_ERROR, stage, f"the kernel server's answer broke the protocol: {exc}")
+        except Exception as exc:  # noqa: BLE001 - whatever an answer makes our reader raise is the answer's fault
+            raise Rejected(Verdict.PROTOCOL_ERROR, stage, f"the kernel server's answer broke the protocol: "
+                           f"{type(exc).__name__}: {str(exc)[:200]}") from None
         if not answer["ok"]:
             f = answer["failure"]
             raise Rejected(f["verdict"], f["stage"], f["reason"], {k: f[k] for k in ("type", "traceback", "line")})
@@ -195,10 +199,19 @@ def _strides(shape, layout_kind: str) -> tuple[int, ...] | None:
     return (*strides[:-1], 2)
 
 
-def _checksums(buffers: list) -> list[int]:
+def _checksums(slots: Slots, k: int) -> list[int]:
+    """A sum of every output of the first k slots, read as the widest integer words their size allows (a byte-wise
+    sum of a gigabyte took 5 ms on the H200), in one go (one synchronisation)."""
     import torch
 
-    sums = [b.reshape(-1).view(torch.uint8).sum(dtype=torch.int64) for b in buffers]
+    def words(b):
+        flat = b.reshape(-1).view(torch.uint8)
+        for dtype, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+            if flat.numel() % size == 0:
+                return flat.view(dtype)
+        return flat
+
+    sums = [words(b).sum(dtype=torch.int64) for j in range(k) for b in slots.outs(j)]
     return torch.stack(sums).tolist() if sums else []
 
 
@@ -403,13 +416,13 @@ class Referee:
 
     def _timed(self, sh: dict, check: bool, calibration: dict | None = None) -> tuple[dict, dict]:
         """Time the loaded implementation at one shape (model built under the first seed, which the float64 checks
-        rebuild). Returns (summary, calibration: the empty round trip and the cost of collecting one call's
-        outputs, as this implementation measured them)."""
+        rebuild). Returns (summary, calibration: the empty round trip and the cost of our read of one call's
+        outputs, as measured beside this implementation)."""
         seed0 = spec_seed(self.spec)
         init = self._build(sh, seed0)
         single = self._slots(sh, "check", 1)
         with device_turn(shared=True):  # the first call compiles (torch.compile, a new shape's kernels)
-            self._batch(single, 1, 0.0)
+            self._batch(single, 1, 0.0)  # (its outputs are checked by no one: what it takes only sets K)
         set_bytes = sh["record"]["input_bytes"] + sh["record"]["output_bytes"]
         with device_turn():
             empties = []
@@ -418,12 +431,14 @@ class Referee:
                 self.link.ask({"op": "empty"}, Stage.TIMING)
                 empties.append((self.clock() - t0) * 1e3)
             empty_ms = statistics.median(empties)
+            read_cap = None
             if calibration:  # the trusted server's round trip bounds what is taken off: a slow "empty" earns nothing
                 empty_ms = min(empty_ms, calibration["empty_ms"])
-            estimate, cycle = [], []  # ms per call; ms of one whole single-call batch (inputs drawn, collected)
+                read_cap = calibration["read_ms"]
+            estimate, cycle = [], []  # ms of one call; ms of one whole single-call batch (inputs drawn, collected)
             for _ in range(3):
                 t0 = self.clock()
-                estimate.append(sum(self._batch(single, 1, empty_ms)[:2]))
+                estimate.append(self._batch(single, 1, empty_ms, read_cap_ms=read_cap)[0])
                 cycle.append((self.clock() - t0) * 1e3)
             estimate = statistics.median(estimate)
             single.close()
@@ -437,74 +452,93 @@ class Referee:
             calls = batches * per_batch
             p = 1 - MISS_PROBABILITY ** (1 / max(1.0, SKIP_FRACTION * calls)) if check else 0.0
             slots = self._slots(sh, "timing", per_batch)
-            samples, rests, checked, self._energy, self._launches = [], [], 0, [0, 0.0], math.inf
+            samples, reads, checked, self._launches = [], [], 0, math.inf
             for _ in range(batches):
-                per_call, collect, seeds, sums = self._batch(slots, per_batch, empty_ms, energy=True)
+                per_call, read, seeds, sums, sample = self._batch(slots, per_batch, empty_ms, p, read_cap)
                 samples.append(per_call)
-                rests.append(collect)
+                reads.append(read)
                 if check:
-                    checked += self._check_timed(sh, slots, init, seed0, seeds, sums, p)
+                    checked += self._check_timed(sh, slots, init, seed0, seeds, sums, sample)
+            energy = self._energy(slots, per_batch) if sh["shape"]["name"] == "main" else {}
             slots.close()
-        # Work left for the collection of outputs (or still running after the answer) is charged: whatever collecting
-        # took on average beyond what it takes the trusted server. Means, not medians: work hidden in a few batches'
-        # collections counts too.
-        excess = max(0.0, statistics.fmean(rests) - calibration["collect_ms"]) if calibration else 0.0
-        samples = [t + excess for t in samples]
-        energy = {}
-        if self._energy[0] and self._energy[1] > 0:  # joules over the calls' round trips, per call
-            joules, seconds = self._energy[1] / 1e3, sum(samples) / 1e3 * per_batch
-            energy = {"energy_j_per_call": joules / calls, "avg_power_w": joules / max(seconds, 1e-9)}
         summary = energy | {"median_ms": statistics.median(samples), "iqr_ms": _iqr(samples), "min_ms": min(samples),
                    "reps": calls, "batches": batches, "calls_per_batch": per_batch, "device": self.device,
-                   "empty_ms": round(empty_ms, 4), "collect_ms": round(statistics.fmean(rests), 4),
-                   "collect_excess_ms": round(excess, 4), "checked_calls": checked, "check_probability": round(p, 4),
-                   "launches_per_call_min": self._launches}
-        return summary, {"empty_ms": empty_ms, "collect_ms": statistics.fmean(rests)}
+                   "empty_ms": round(empty_ms, 4), "read_ms": round(statistics.median(reads), 4),
+                   "checked_calls": checked, "check_probability": round(p, 4), "launches_per_call_min": self._launches}
+        return summary, {"empty_ms": empty_ms, "read_ms": statistics.median(reads)}
 
-    def _batch(self, slots: Slots, k: int, empty_ms: float, energy: bool = False):
-        """One timed batch of k calls on fresh inputs. Returns (ms per call, ms per call to collect the outputs and
-        read them, the calls' secret seeds, the outputs' checksums)."""
+    def _batch(self, slots: Slots, k: int, empty_ms: float, p: float = 0.0, read_cap_ms: float | None = None):
+        """One timed batch of k calls on fresh inputs, timed as one window: from "call" until the outputs are in
+        our buffers ("land") and we have read every byte of them. Taken off: the empty round trip of each request,
+        and our own read of the outputs (never more than the trusted server's `read_cap_ms` per call). Returns
+        (ms per call, our read's ms per call, the calls' secret seeds, the outputs' checksums, the secret sample:
+        {slot: copies of its outputs taken right after the window})."""
         seeds = [self.secret.getrandbits(62) for _ in range(k)]
-        for j, seed in enumerate(seeds):
-            slots.fill(j, make_inputs(self.spec, self.task, slots.shape, seed))
+        for j in self.secret.sample(range(k), k):  # in a secret order: no slot is reliably written first
+            slots.fill(j, make_inputs(self.spec, self.task, slots.shape, seeds[j]))
         self._flush()
         self.sync()
         message = {"op": "call", "calls": [slots.call(j) for j in range(k)]}
-        mj0 = self._millijoules() if energy else None
         t0 = self.clock()
         answer = self.link.ask(message, Stage.TIMING)
-        t1 = self.clock()
-        mj1 = self._millijoules() if mj0 is not None else None
-        if mj0 is not None and mj1 is not None:
-            self._energy[0] += k
-            self._energy[1] += mj1 - mj0
         self.link.ask({"op": "land"}, Stage.TIMING)
-        sums = [_checksums(slots.outs(j)) for j in range(k)]  # every byte read by us before the clock stops
+        sums = _checksums(slots, k)  # every byte read by us before the clock stops
+        t1 = self.clock()
+        # Picked after the fact, in secret, and copied at once: these copies are what the checks judge.
+        sample = {j: [o.clone() for o in slots.outs(j)] for j in range(k) if self.secret.random() < p}
         t2 = self.clock()
+        again = _checksums(slots, k)  # our read alone: what is taken off the window
+        read_ms = (self.clock() - t2) * 1e3
+        if again != sums:
+            raise Rejected(Verdict.DEFERRED_WORK, Stage.TIMING, f"outputs of timed calls at shape "
+                           f"{slots.shape['name']} changed after the kernel server answered: work still running "
+                           "when it said it was done")
+        if read_cap_ms is not None:
+            read_ms = min(read_ms, read_cap_ms * k)
         launches = answer.get("launches")  # what the server says it launched: a policy record, not a check
         self._launches = min(self._launches, launches / k if type(launches) is int else 0.0)
-        return max((t1 - t0) * 1e3 - empty_ms, 0.0) / k, max((t2 - t1) * 1e3 - empty_ms, 0.0) / k, seeds, sums
+        window = (t1 - t0) * 1e3 - 2 * empty_ms - read_ms
+        return max(window, 0.0) / k, read_ms / k, seeds, sums, sample
 
     def _check_timed(self, sh: dict, slots: Slots, init: list, seed0: int, seeds: list[int], sums: list,
-                     p: float) -> int:
-        """The secret sample of one batch's calls, checked; then every output's checksum again (final bytes)."""
-        shape, checked = sh["shape"], 0
-        for j, seed in enumerate(seeds):
-            if self.secret.random() >= p:
-                continue
-            checked += 1
+                     sample: dict) -> int:
+        """The secret sample of one batch's calls, checked on the copies taken right after the window; then the
+        outputs must still be what they were (final bytes)."""
+        shape = sh["shape"]
+        for j, copies in sample.items():
             where = f"in a timed call at shape {shape['name']} ({_sizes_text(shape['sizes'])})"
-            args = make_inputs(self.spec, self.task, shape, seed)
+            args = make_inputs(self.spec, self.task, shape, seeds[j])
             if changed := slots.mutated(j, args):
                 raise Rejected(Verdict.INPUT_MUTATED, Stage.TIMING, f"forward modified input(s) {changed} in place "
                                f"{where}")
-            self._compare(sh, init, seed0, args, [o.clone() for o in slots.outs(j)], where,
-                          Verdict.TIMED_OUTPUT_MISMATCH)
-        time.sleep(SETTLE_S if checked == 0 else 0.0)
-        if [_checksums(slots.outs(j)) for j in range(len(seeds))] != sums:
+            self._compare(sh, init, seed0, args, copies, where, Verdict.TIMED_OUTPUT_MISMATCH)
+            if any(not _same(a, b) for a, b in zip(slots.outs(j), copies)):
+                raise Rejected(Verdict.DEFERRED_WORK, Stage.TIMING, f"a timed call's output changed after the kernel "
+                               f"server answered {where}")
+        if not sample:
+            time.sleep(SETTLE_S)
+        if _checksums(slots, len(seeds)) != sums:
             raise Rejected(Verdict.DEFERRED_WORK, Stage.TIMING, f"outputs of timed calls at shape {shape['name']} "
                            "changed after the kernel server answered: work still running when it said it was done")
-        return checked
+        return len(sample)
+
+    def _energy(self, slots: Slots, k: int) -> dict:
+        """Energy per call from NVML's counter around the calls of a few batches more, run after the timed ones:
+        reading the counter takes about a millisecond, which must not sit inside any timed window."""
+        if self._millijoules() is None:
+            return {}
+        joules = seconds = 0.0
+        calls = 0
+        while seconds < ENERGY_WINDOW_S and calls < ENERGY_MAX_BATCHES * k:
+            for j in range(k):
+                slots.fill(j, make_inputs(self.spec, self.task, slots.shape, self.secret.getrandbits(62)))
+            self.sync()
+            mj0, t0 = self._millijoules(), self.clock()
+            self.link.ask({"op": "call", "calls": [slots.call(j) for j in range(k)]}, Stage.TIMING)
+            t1, mj1 = self.clock(), self._millijoules()
+            self.link.ask({"op": "land"}, Stage.TIMING)
+            joules, seconds, calls = joules + (mj1 - mj0) / 1e3, seconds + t1 - t0, calls + k
+        return {"energy_j_per_call": joules / calls, "avg_power_w": joules / max(seconds, 1e-9), "energy_calls": calls}
 
     def _millijoules(self) -> int | None:
         if not self.cuda:

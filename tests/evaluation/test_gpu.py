@@ -123,7 +123,7 @@ def test_gpu_evidence_referee_timing_energy_roofline_and_ncu(appliance, softmax_
     code, result = appliance.eval_json(softmax_task, candidate("good"), "--mode", "full", "--profile", device="cuda")
     assert code == 0, result["reason"]
     cand = next(t for t in result["timings"] if t["shape"] == "main" and t["implementation"] == "candidate")
-    assert cand["batches"] >= 15 and cand["checked_calls"] >= 1 and cand["collect_excess_ms"] < 0.05, cand
+    assert cand["batches"] >= 15 and cand["checked_calls"] >= 1 and cand["read_ms"] < cand["median_ms"], cand
     assert cand["energy_j_per_call"] > 0 and 0 < cand["roofline_fraction"] < 1.2, cand
     evidence = result["evidence"]
     assert evidence["launches_per_call"] == 1

@@ -20,6 +20,8 @@ CASES = {
     "composed_token_kernel": ("library_fallback", "correctness", ["composed library ops", "exp"]),
     "hides_library_from_the_recorder": ("library_fallback", "correctness", ["fewer kernels of their own"]),
     "garbage_answers": ("protocol_error", "load", ["broke the protocol", "not a JSON message"]),
+    # Found by review: a list as the verdict crashed the referee (charged to the infrastructure).
+    "unhashable_verdict": ("protocol_error", "load", ["broke the protocol"]),
 }
 
 
@@ -34,13 +36,12 @@ def test_a_candidate_attacking_the_harness_gets_the_named_verdict(appliance, sof
 
 
 def test_work_left_for_the_collection_of_outputs_is_charged(appliance, softmax_task):
-    """It answers "call" at once and works (30 ms a call) while its outputs are collected: the referee's clock
+    """It answers "call" at once and works (30 ms a call) while its outputs are collected: the referee's window
     runs until it has read them, so the time it reports is at least the hidden work."""
     code, result = appliance.eval_json(softmax_task, REFEREE / "answers_before_the_work.py")
     assert code == 0, result["reason"]
     main = next(t for t in result["timings"] if t["shape"] == "main" and t["implementation"] == "candidate")
     assert main["median_ms"] >= 30, main
-    assert main["collect_excess_ms"] >= 25, main
 
 
 def test_the_kernel_server_holds_no_device_turn_pipes(softmax_task, tmp_path):

@@ -131,3 +131,12 @@ def test_a_silent_server_is_gone_after_the_timeout():
     with pytest.raises(Gone, match="did not answer in time"):
         Link(ours).ask({"op": "empty"}, Stage.TIMING)
     theirs.close()
+
+
+@pytest.mark.parametrize("failure", [{"verdict": ["x"], "stage": "load"}, {"verdict": "runtime_error", "stage": {}},
+                                     {"verdict": {"a": 1}, "stage": ["load"]}, {"verdict": 1.5, "stage": None}])
+def test_a_failure_of_unhashable_or_odd_kinds_is_a_protocol_error_not_a_crash(failure):
+    """Found by review: a list as the verdict made the membership test raise TypeError, which crashed the
+    referee (and was charged to the infrastructure)."""
+    with pytest.raises(ProtocolError):
+        _answer(json.dumps({"ok": False, "failure": failure}).encode())
