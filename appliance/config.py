@@ -46,12 +46,11 @@ class Settings:
     # APPLIANCE_EXECUTOR: where evaluations run: local (in this process; the controller always uses worker processes)
     # | workers (one worker process per GPU) | ray://HOST:PORT | auto | HOST:PORT (Ray)
     executor: str = "local"
-    # APPLIANCE_JOBS_DIR: evaluations' job folders (each holds gigabytes of inputs and outputs at full size); on a GPU
-    # host, a tmpfs such as /dev/shm: only files on a tmpfs move to and from the GPU by DMA from pages locked in place
-    # (sandbox/harness/transfer.py). Default: APPLIANCE_HOME/jobs.
+    # APPLIANCE_JOBS_DIR: evaluations' job folders (sources and records; inputs and outputs live in buffers the
+    # referee shares with the kernel server, never in files). Default: APPLIANCE_HOME/jobs.
     jobs: Path | None = None
-    # APPLIANCE_HOST_MEMORY_GIB: host memory this host's evaluations in flight may hold, in all (output files on the
-    # tmpfs, harness processes). Default: 75% of MemTotal (appliance/evaluation/host_memory.py).
+    # APPLIANCE_HOST_MEMORY_GIB: host memory this host's evaluations in flight may hold, in all (referee and server
+    # processes; on the CPU, their shared buffers). Default: 75% of MemTotal (appliance/evaluation/host_memory.py).
     host_memory_gib: float | None = None
     # The jail's limits per jailed process (sandbox/jail.py), for every evaluation of this host: `eval`, searches,
     # worker processes and Ray actors alike. APPLIANCE_JAIL_MEMORY_GIB (memory cgroup), APPLIANCE_JAIL_PIDS

@@ -31,9 +31,9 @@ GATE_CHECKS = [
      "matched the float64 reference within tolerance on every shape and seed (fresh inputs)", False),
     ("input_mutated", "left its inputs unchanged", False),
     ("deferred_work", "finished all its work before forward returned", False),
-    ("timed_output_mismatch", "a timed call's output (chosen at random, on rolled inputs) was also correct", False),
-    ("tampering", "patched no timer, synchronisation, comparison or serialisation function", False),
-    ("timing_mismatch", "device-wide time per call agrees with the timed stream's", True),
+    ("timed_output_mismatch", "the timed calls checked in secret (fresh inputs each) were also correct", False),
+    ("protocol_error", "its kernel server answered the referee within the protocol", False),
+    ("timing_mismatch", "a speedup over 10x against torch.compile held when measured again", True),
     ("impossible", "no faster than the GPU's memory bandwidth or FLOP rate allows", True),
 ]
 

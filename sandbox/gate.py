@@ -6,11 +6,10 @@ overlap freely. GPU work comes in two kinds, and a `DeviceGate` (a readers-write
   - measuring (timing, baselines, ceilings, Nsight Compute): an exclusive turn, with no other work of ours on the
     device, because other contexts' kernels and copies time-slice with the measured ones and skew both the timings
     and the energy;
-  - light use (uploading inputs, building models, the first call that compiles, the correctness calls, the float64
-    check, downloading outputs): a shared turn, any number at once, never during an exclusive one. Correctness is
-    the same whatever else runs beside it. A waiting exclusive turn waits for every shared one in progress to
-    end, so the exclusive turns and the shared ones they wait out bound a device's evaluations per hour: the
-    harness keeps shared turns short (host data streamed through page-locked chunks, sandbox/harness/transfer.py).
+  - light use (the first call that compiles, the correctness calls and their float64 check): a shared turn, any
+    number at once, never during an exclusive one. Correctness is the same whatever else runs beside it. A waiting
+    exclusive turn waits for every shared one in progress to end, so the exclusive turns and the shared ones they
+    wait out bound a device's evaluations per hour: the referee keeps shared turns to one call each.
 
 Device memory is held from a process's first upload to its last download, across turns: a full-size evaluation
 holds several GiB for most of its GPU life. So a process is *resident* from its first turn request until it says its

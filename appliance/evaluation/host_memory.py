@@ -28,11 +28,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 HOST_MEMORY_FRACTION = 0.75  # of MemTotal: the rest for the controller, the kept inputs, a model server, the kernel
-# Private memory of one harness process at its busiest (RssAnon: torch, Triton, CUDA's host-side state; the harness
-# reports its peak as stage_s rss_anon_peak_gib). The mapped input and output files are counted apart. On the H200
-# host (rmsnorm) the candidate and check peaked at 3.4 and 3.5 GiB, of which 3 GiB were private copies of the inputs
-# that locking them in place made (since mapped shared, sandbox/harness/transfer.py load_inputs): ~0.5 GiB of their
-# own, 0.8 for prepare; 1.5 GiB leaves room for kernels' workspaces and Triton's compiler.
+# Private memory of one harness process at its busiest (RssAnon: torch, Triton, CUDA's host-side state; the referee
+# reports its peak as stage_s rss_anon_peak_gib). On the H200 host (rmsnorm, full size) the referee peaked at
+# 0.58 GiB and the baselines' referee at 0.66 GiB; 1.5 GiB leaves room for kernels' workspaces and Triton's compiler.
 PROCESS_BYTES = {"cuda": 3 << 29, "cpu": 1 << 30}
 
 
