@@ -22,13 +22,15 @@ PY
   tail -5 "$out/smoke.err"
 fi
 if [[ $parts == *tests* ]]; then
-  timeout 420 python3 -m pytest tests/sandbox/test_shared.py tests/evaluation/test_gpu.py -q -p no:cacheprovider \
-    -k "${GPU_TESTS:-not bundled_baseline_full_size and not cuda_and_cupy and not never_ends}" 2>&1 | tail -25
+  timeout ${TESTS_S:-420} python3 -m pytest tests/sandbox/test_shared.py tests/evaluation/test_gpu.py -q \
+    -p no:cacheprovider -k "${GPU_TESTS:-not bundled_baseline_full_size and not cuda_and_cupy and not never_ends}" \
+    2>&1 | tail -25
 fi
 if [[ $parts == *measure* ]]; then
-  timeout 400 python3 benchmarks/measurement.py --tasks rmsnorm,softmax --repeats 10 2>"$out/measure.err" | tail -8
+  timeout ${MEASURE_S:-400} python3 benchmarks/measurement.py --tasks ${MEASURE_TASKS:-rmsnorm,softmax} --repeats 10 \
+    2>"$out/measure.err" | tail -8
 fi
 if [[ $parts == *measure_small* ]]; then
-  timeout 300 python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats 10 \
+  timeout ${SMALL_S:-300} python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats 10 \
     2>"$out/measure_small.err" | tail -4
 fi
