@@ -16,7 +16,7 @@ empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like ones
 new_ones new_full fill_ zero_ view _unsafe_view reshape _reshape_alias as_strided contiguous clone copy_ _to_copy to
 t transpose permute expand expand_as select slice unsqueeze squeeze detach alias stack cat split split_with_sizes
 chunk unbind narrow lift_fresh resize_ set_ unfold flatten view_as_real view_as_complex _local_scalar_dense
-item is_nonzero size stride numel dim arange
+item is_nonzero size stride numel dim arange record_stream
 """.split())
 
 
