@@ -71,7 +71,7 @@ def test_a_run_killed_mid_evaluation_resumes_without_losing_or_repeating_work(ap
     first = rows(home, "SELECT id, candidate_id, created_at FROM evaluation ORDER BY id")
     assert len(first) >= 1
     left = list((home / "jobs").glob(f"appliance-jobs-{proc.pid}-*"))
-    assert left and any(left[0].rglob("*.pt")), "the killed run left no job folder (with its inputs) behind"
+    assert left and any(left[0].rglob("task.py")), "the killed run left no job folder (with its task copy) behind"
 
     code, summary = optimize(appliance, "--resume", "1")
     assert code == 0, summary
