@@ -3,27 +3,34 @@
     referee (trusted: task code, inputs, outputs, clock)          kernel server (the candidate's process)
       {"op": "load", "file", "cls", "compile"}              ->    imports the module
       {"op": "pool", "name", "nbytes"} + one fd             ->    maps the shared buffers (sandbox/harness/shared.py)
+      {"op": "arena", "pool"}                               ->    on a GPU: its calls' allocations come from that
+                                                                  pool (sandbox/harness/arena.py)
+      {"op": "slots", "name", "calls": [{"args", "outs"}]}  ->    remembers a set of calls' inputs and out buffers
       {"op": "build", "init", "seed", "dtype"}              ->    Model(*init) under that seed
-      {"op": "call", "calls": [{"args", "outs"}], "record"} ->    forward on each call's inputs, then the device
-                                                                  synchronised
-                                                          <-    {"ok": true} (+ "ops", "launches" when recorded)
-      {"op": "land"}                                        ->    those calls' outputs copied into their out buffers
-                                                          <-    {"ok": true}
-      {"op": "empty"}                                       ->    synchronise only (the round trip the clock subtracts)
+      {"op": "call", "slots", "record", "profile"}          ->    forward on every call of that set, the device
+                                                                  synchronised, the outputs placed
+                                                          <-    {"ok": true, "launches", "outputs"} (+ "ops" when
+                                                                  recorded)
+      {"op": "tiny"}                                        ->    one tiny kernel and a synchronisation: the fixed
+                                                                  cost of a call, which the clock subtracts
                                                           <-    {"ok": true}
       {"op": "exit"}
 
 A call's "args" name, per positional argument, a buffer ({"pool", "entry"}) or a plain value; "outs" name a buffer
-per output. Every answer the referee reads goes through `read_message`: bounded in size, depth and kind, and every
-malformation is a `ProtocolError`, never a crash of the trusted side. Answers carry no numbers the referee believes:
-the time is the referee's own clock, the outputs are bytes in buffers it owns.
+per output (used on the CPU). "outputs" say, per call and output, where it is: {"offset": n} in the arena (GPU) or
+{"slot": true}, copied into its out buffer (CPU). The referee checks every place itself. Every answer it reads
+goes through `receive`: bounded in size, depth and kind, and every malformation is a `ProtocolError`, never a
+crash of the trusted side. Answers carry no numbers the referee believes: the time is the referee's own clock, the
+outputs are bytes in memory it owns.
 """
 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
+import time
 from enum import StrEnum
 
 MAX_MESSAGE_BYTES = 1 << 20  # an answer's JSON; a failure's traceback is cut to fit long before this
@@ -71,7 +78,7 @@ class Verdict(StrEnum):
 # only to fail it. Anything else it names is a protocol error.
 SELF_REPORTED = frozenset({Verdict.LOAD_ERROR, Verdict.COMPILE_ERROR, Verdict.RUNTIME_ERROR, Verdict.WRONG_OUTPUT,
                            Verdict.WRONG_SHAPE, Verdict.WRONG_DTYPE, Verdict.SANDBOX_VIOLATION})
-REQUESTS = frozenset({"load", "pool", "build", "call", "land", "empty", "exit"})
+REQUESTS = frozenset({"load", "pool", "arena", "slots", "build", "call", "tiny", "exit"})
 FAILURE_TEXT_CHARS = 4000  # of a self-reported failure's reason or traceback: untrusted text, kept short
 
 
@@ -91,9 +98,14 @@ def send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
         sock.sendall(frame)
 
 
-def receive(sock: socket.socket) -> tuple[dict, list[int]]:
+def receive(sock: socket.socket, spin_s: float = 0.0) -> tuple[dict, list[int]]:
     """One message and the fds sent with it. EOFError when the other side closed; ProtocolError for anything
-    malformed (the fds that came with it are closed)."""
+    malformed (the fds that came with it are closed). With `spin_s`, polls for that long before it blocks: a process
+    woken from a blocking read after milliseconds of idling takes 0.1 ms or more to run, inside someone's clock."""
+    if spin_s > 0:
+        deadline = time.perf_counter() + spin_s
+        while not select.select([sock], [], [], 0)[0] and time.perf_counter() < deadline:
+            pass
     header, fds = _receive_exactly(sock, _HEADER.size, with_fds=True)
     try:
         (size,) = _HEADER.unpack(header)

@@ -661,15 +661,18 @@ def read_result(path: Path) -> dict | None:
 def resident_estimate(shapes: list[dict], device: str) -> int:
     """Device bytes (host bytes on the CPU) one evaluation's referee and kernel server hold at once, from trusted
     data only (the baselines' record of each shape's inputs and outputs): the referee's timing pool (a batch's
-    inputs and outputs, sandbox/harness/referee.py) and the server's pending outputs of that batch, the float64
-    reference of one call (inputs and outputs widened), the L2 flush buffer, and each process's allowance."""
-    from sandbox.harness.referee import MAX_CALLS_PER_BATCH, TIMING_POOL_BYTES
+    inputs and out buffers, sandbox/harness/referee.py), on a GPU the arena the server's outputs are made in, the
+    float64 reference of one call (inputs and outputs widened), the L2 flush buffer, and each process's
+    allowance."""
+    from sandbox.harness.referee import arena_bytes, pool_bytes
 
     largest = max((s["input_bytes"] + s["output_bytes"] for s in shapes), default=0)
-    pool = max(largest, min(TIMING_POOL_BYTES, MAX_CALLS_PER_BATCH * largest))
+    pool = pool_bytes(device, shapes)
+    # On the CPU the server's outputs live in its own memory until copied: the batch's outputs once more.
+    outputs = arena_bytes(shapes) if device == "cuda" else pool
     reference64 = 4 * largest
     flush = 256 << 20 if device == "cuda" else 0
-    return 2 * pool + reference64 + flush + CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
+    return pool + outputs + reference64 + flush + CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
 
 
 def _memory_budget(gpu: int | None) -> int | None:
@@ -703,8 +706,8 @@ def _evaluation_gpus() -> int:
 
 # Numbers the referee reports beside the median: how it timed (batches, the round trip it took off, the cost of
 # its own read of the outputs, both taken off) and how many timed calls it checked.
-TIMING_EVIDENCE = ("batches", "calls_per_batch", "empty_ms", "read_ms", "checked_calls",
-                   "check_probability", "energy_j_per_call", "avg_power_w")
+TIMING_EVIDENCE = ("batches", "calls_per_batch", "tiny_ms", "read_ms", "checked_calls",
+                   "check_probability", "outputs_in_arena", "energy_j_per_call", "avg_power_w")
 
 
 def _timing_rows(task: Task, prepared: dict, candidate: dict, device: str, ceilings: dict | None) -> list[dict]:

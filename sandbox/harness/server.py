@@ -45,9 +45,10 @@ def main(argv: list[str]) -> int:
     launches = Launches()
     launches.install()  # before the candidate is imported: its load_inline modules get counted too
     server = Server(device, launches)
+    spin_s = SPIN_S if device.startswith("cuda") else 0.0  # on the CPU a spinning server takes the referee's core
     while True:
         try:
-            message, fds = protocol.receive(sock)
+            message, fds = protocol.receive(sock, spin_s)
         except EOFError:
             return 0
         op = message.get("op")
@@ -60,17 +61,34 @@ def main(argv: list[str]) -> int:
         protocol.send(sock, answer)
 
 
+SPIN_S = 0.02  # how long the server polls for the referee's next request before it blocks (GPU only)
+
+
+class Slots:
+    """A set of calls the referee laid out: each call's arguments (views of its input buffers, or plain values), its
+    out buffers, and the outputs' expected dtypes and shapes."""
+
+    def __init__(self, server: Server, calls: list[dict], outputs: list[dict]):
+        self.args = [[server.view(a["buffer"]) if "buffer" in a else a["value"] for a in c["args"]] for c in calls]
+        self.outs = [[server.view(o) for o in c["outs"]] for c in calls]
+        self.expected = [(str(o["dtype"]), tuple(int(n) for n in o["shape"])) for o in outputs]
+
+
 class Server:
     def __init__(self, device: str, launches):
         import torch
 
         self.device, self.launches = device, launches
-        self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        self.cuda = device.startswith("cuda")
+        self.sync = torch.cuda.synchronize if self.cuda else (lambda: None)
         self.pools: dict[str, object] = {}
-        self.views: dict[tuple, object] = {}
+        self.slots: dict[str, Slots] = {}
+        self.arena = None  # on a GPU, where the calls' allocations come from (arena.py)
+        self.arena_failed = False  # a forward ran out of the arena once: its allocations go elsewhere since
         self.cls = self.model = None
         self.path, self.compile = "", False
-        self.pending: list[tuple] = []  # (forward's result, the buffers it goes to) until "land"
+        self.results: list = []  # the last call's outputs, alive until the next call (the referee reads them)
+        self._tiny = None
 
     def handle(self, op: str, message: dict, fds: list[int]) -> dict:
         if op == "load":
@@ -79,20 +97,44 @@ class Server:
         elif op == "pool":
             from sandbox.harness.shared import Pool
 
-            old = self.pools.pop(message["name"], None)
+            name = message["name"]
+            self.slots = {k: v for k, v in self.slots.items() if k != name}
+            self.results = []
+            old = self.pools.pop(name, None)
             if old is not None:
-                self.views = {k: v for k, v in self.views.items() if k[0] != message["name"]}
                 old.close()
-            self.pools[message["name"]] = Pool.attach(self.device, fds[0], message["nbytes"])
+            self.pools[name] = Pool.attach(self.device, fds[0], message["nbytes"])
+        elif op == "arena":
+            self._make_arena(self.pools[message["pool"]])
+        elif op == "slots":
+            self.slots[message["name"]] = Slots(self, message["calls"], message["outputs"])
         elif op == "build":
+            self.results = []
             self.model = self._build(message["init"], message["seed"], message.get("dtype"))
         elif op == "call":
-            return self._calls(message["calls"], bool(message.get("record")), bool(message.get("profile")))
-        elif op == "land":
-            self._land_pending()
-        elif op == "empty":
+            return self._calls(self.slots[message["slots"]], bool(message.get("record")),
+                               bool(message.get("profile")))
+        elif op == "tiny":
+            if self.cuda:
+                if self._tiny is None:
+                    import torch
+
+                    self._tiny = torch.zeros(1, device=self.device)
+                self._tiny.add_(1)
             self.sync()
         return {"ok": True}
+
+    def view(self, ref: dict):
+        return self.pools[ref["pool"]].tensor(ref["entry"])
+
+    def _make_arena(self, pool) -> None:
+        from sandbox.harness.arena import Arena
+
+        try:
+            self.arena = Arena(pool.device_pointer(), pool.nbytes)
+        except Exception as exc:  # noqa: BLE001 - no custom allocator here (ctypes, torch): outputs are copied
+            print(f"kernel server: no arena allocator ({type(exc).__name__}: {exc}); outputs are copied",
+                  file=sys.stderr)
 
     def _load_class(self, path: str, name: str) -> type:
         try:
@@ -118,83 +160,104 @@ class Server:
             raise _failure(exc, Stage.LOAD, f"in {self.cls.__name__}(*init_inputs)", self.path) from None
         return model
 
-    def _view(self, ref: dict):
-        key = (ref["pool"], ref["entry"]["offset"], ref["entry"]["dtype"], tuple(ref["entry"]["shape"]),
-               tuple(ref["entry"]["strides"]))
-        if key not in self.views:
-            self.views[key] = self.pools[ref["pool"]].tensor(ref["entry"])
-        return self.views[key]
-
-    def _calls(self, calls: list[dict], record: bool, profile: bool) -> dict:
+    def _calls(self, slots: Slots, record: bool, profile: bool) -> dict:
         import torch
 
-        from sandbox.harness.provenance import record_ops
-
+        self.results = []  # the last batch's outputs: read by the referee; their memory is for this batch
         ops: set[str] = set()
         # Own kernel launches are counted in every call (the count costs a Python call per launch); the ATen ops
         # only in correctness calls ("record"): a dispatch mode adds microseconds to every op.
         self.launches.count, self.launches.active = 0, True
+        stage = Stage.CORRECTNESS if record else Stage.TIMING
         if profile:
             torch.cuda.cudart().cudaProfilerStart()
         try:
-            with torch.no_grad():
-                for call in calls:
-                    args = [self._view(a["buffer"]) if "buffer" in a else a["value"] for a in call["args"]]
-                    if record:
-                        result, seen = record_ops(self.model, *args)
-                        ops.update(seen)
-                    else:
-                        result = self.model(*args)
-                    self.pending.append((result, [self._view(o) for o in call["outs"]]))
-            self.sync()  # kernel faults surface here, attributed to these calls
+            try:
+                placed = self._serve(slots, record, ops, stage)
+            except torch.OutOfMemoryError:
+                if self.arena is None or self.arena_failed:
+                    raise
+                self.results, self.arena_failed = [], True  # the arena holds outputs and some workspace, not all
+                placed = self._serve(slots, record, ops, stage)
         except Failure:
             raise
         except BaseException as exc:  # noqa: BLE001
-            raise _failure(exc, Stage.CORRECTNESS if record else Stage.TIMING, "in forward", self.path) from None
+            raise _failure(exc, stage, "in forward", self.path) from None
         finally:
             self.launches.active = False
             if profile:
                 torch.cuda.cudart().cudaProfilerStop()
-        return {"ok": True, "launches": self.launches.count} | ({"ops": sorted(ops)} if record else {})
+        return {"ok": True, "launches": self.launches.count, "outputs": placed} | (
+            {"ops": sorted(ops)} if record else {})
 
-    def _land_pending(self) -> None:
-        """The outputs of the calls served since the last "land", copied into the referee's buffers (it times this
-        too, and charges whatever it takes beyond the trusted server's copy: nothing is gained by working here)."""
-        pending, self.pending = self.pending, []
-        try:
-            for result, buffers in pending:
-                self._land(result, buffers)
-            self.sync()
-        except Failure:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - a lazy output that fails when copied fails the call
-            raise _failure(exc, Stage.CORRECTNESS, "while its outputs were collected", self.path) from None
+    def _serve(self, slots: Slots, record: bool, ops: set, stage: Stage) -> list[list[dict]]:
+        """Every call of the set, each one's outputs placed before the next one runs, then the device synchronised
+        (kernel faults surface there, attributed to these calls)."""
+        import contextlib
 
-    def _land(self, result, buffers: list) -> None:
-        """One call's outputs copied into the referee's buffers, which have the reference's dtypes and shapes."""
+        import torch
+
+        from sandbox.harness.provenance import record_ops
+
+        in_arena = self.arena is not None and not self.arena_failed
+        placed, spans = [], []
+        with torch.no_grad(), self.arena.allocating() if in_arena else contextlib.nullcontext():
+            for j, args in enumerate(slots.args):
+                if record:
+                    result, seen = record_ops(self.model, *args)
+                    ops.update(seen)
+                else:
+                    result = self.model(*args)
+                self.results.append(result)
+                placed.append(self._place(result, slots, j, spans, stage))
+        self.sync()
+        return placed
+
+    def _place(self, result, slots: Slots, j: int, spans: list, stage: Stage) -> list[dict]:
+        """Where call j's outputs are for the referee: where forward made them, when that is in the arena (the
+        GPU's fast path: nothing is copied), else copied into the call's out buffers. Checked first, so that an
+        honest mistake gets a clear verdict here rather than a wrong-output one there."""
+        row = []
+        for i, out in enumerate(self._checked(result, slots.expected)):
+            offset = self.arena.offset_of(out) if self.arena is not None else None
+            if offset is None:
+                slots.outs[j][i].copy_(out)
+                row.append({"slot": True})
+                continue
+            end = offset + out.numel() * out.element_size()
+            if any(a < end and offset < b for a, b in spans):
+                raise Failure(Verdict.WRONG_OUTPUT, stage, "forward returned memory it had returned for an earlier "
+                              "call (a buffer it keeps and reuses): every call's output must be a tensor of its own, "
+                              "or earlier calls' outputs are overwritten")
+            spans.append((offset, end))
+            row.append({"offset": offset})
+        return row
+
+    @staticmethod
+    def _checked(result, expected: list[tuple[str, tuple]]) -> tuple:
+        """One call's outputs, as plain tensors of the reference's shapes and dtypes."""
         import torch
 
         outs = as_outputs(result)
         if outs is None:
             raise Failure(Verdict.WRONG_OUTPUT, Stage.CORRECTNESS,
                           f"forward returned {type(result).__name__}, expected tensor(s)")
-        if len(outs) != len(buffers):
+        if len(outs) != len(expected):
             raise Failure(Verdict.WRONG_SHAPE, Stage.CORRECTNESS,
-                          f"forward returned {len(outs)} output(s), expected {len(buffers)}")
-        for i, (out, buf) in enumerate(zip(outs, buffers)):
-            label = f"output {i}" if len(buffers) > 1 else "output"
+                          f"forward returned {len(outs)} output(s), expected {len(expected)}")
+        for i, (out, (dtype, shape)) in enumerate(zip(outs, expected)):
+            label = f"output {i}" if len(expected) > 1 else "output"
             if type(out) is not torch.Tensor:
                 raise Failure(Verdict.WRONG_OUTPUT, Stage.CORRECTNESS,
                               f"forward returned a tensor subclass ({type(out).__name__}): only plain torch.Tensor "
                               "outputs are accepted")
-            if tuple(out.shape) != tuple(buf.shape):
+            if tuple(out.shape) != shape:
                 raise Failure(Verdict.WRONG_SHAPE, Stage.CORRECTNESS,
-                              f"{label} has shape {tuple(out.shape)}, expected {tuple(buf.shape)}")
-            if out.dtype != buf.dtype:
+                              f"{label} has shape {tuple(out.shape)}, expected {shape}")
+            if str(out.dtype).removeprefix("torch.") != dtype:
                 raise Failure(Verdict.WRONG_DTYPE, Stage.CORRECTNESS,
-                              f"{label} has dtype {str(out.dtype).removeprefix('torch.')}, expected "
-                              f"{str(buf.dtype).removeprefix('torch.')}")
-            buf.copy_(out)
+                              f"{label} has dtype {str(out.dtype).removeprefix('torch.')}, expected {dtype}")
+        return outs
 
 
 def _refused_by_jail(exc: BaseException | None) -> bool:

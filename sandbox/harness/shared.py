@@ -187,6 +187,12 @@ class Pool:
         access.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
         _check(drv.cuMemSetAccess(ptr, size, [access], 1), "cuMemSetAccess")
 
+    def device_pointer(self) -> int:
+        """The pool's first byte's device address (CUDA); its mapping spans `nbytes` rounded up to the granularity."""
+        if not self._cuda or self._closed:
+            raise ValueError("not an open device pool")
+        return int(self._ptr)
+
     def export_fd(self) -> int:
         """A new fd for the pool, for the caller to send and then close."""
         if self._closed:

@@ -113,6 +113,28 @@ def test_gpu_gaming_candidate_is_rejected(appliance, softmax_task, name):
         assert word in result["reason"], result["reason"]
 
 
+# The referee's adversarial suite (tests/evaluation/test_referee.py) on the GPU, where outputs are made in the
+# arena and the server may say where they are: name -> (verdict, stage, words in the reason).
+GPU_REFEREE = {
+    "places_outside_the_arena": ("wrong_output", "timing", ["share memory"]),
+    "rebinds_the_server": ("nan_inf", "correctness", ["NaN/Inf"]),
+    "skips_most_timed_calls": ("timed_output_mismatch", "timing", ["timed call"]),
+    "answers_before_the_work": ("timed_output_mismatch", "timing", ["timed call"]),
+    "late_writer": ("deferred_work", "correctness", ["changed after forward returned"]),
+    "corrupts_after_check": ("deferred_work", "correctness", ["changed after forward returned"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_REFEREE))
+def test_referee_attacks_on_the_gpu(appliance, softmax_task, name):
+    verdict, stage, words = GPU_REFEREE[name]
+    code, result = appliance.eval_json(softmax_task, REPO / f"tests/fixtures/referee/{name}.py", "--mode", "full",
+                                       device="cuda")
+    assert (result["verdict"], result["stage"]) == (verdict, stage), result["reason"]
+    for word in words:
+        assert word in result["reason"], result["reason"]
+
+
 def test_honest_candidate_on_its_own_stream_passes(appliance, softmax_task):
     code, result = appliance.eval_json(softmax_task, REPO / "tests/fixtures/gpu/own_stream_honest.py", "--mode",
                                        "full", device="cuda")
@@ -124,6 +146,7 @@ def test_gpu_evidence_referee_timing_energy_roofline_and_ncu(appliance, softmax_
     assert code == 0, result["reason"]
     cand = next(t for t in result["timings"] if t["shape"] == "main" and t["implementation"] == "candidate")
     assert cand["batches"] >= 15 and cand["checked_calls"] >= 1 and cand["read_ms"] < cand["median_ms"], cand
+    assert cand["outputs_in_arena"] == 1.0, cand  # made where the referee reads them: nothing copied
     # The test task's full size is 8 x 128: a few microjoules a call, below what NVML's counter resolves over the
     # energy window (it read 0.0 on the H200); present, never negative.
     assert cand["energy_j_per_call"] >= 0 and 0 < cand["roofline_fraction"] < 1.2, cand

@@ -199,19 +199,23 @@ def test_out_of_memory_for_more_than_the_device_could_give_alone_is_not_retried(
     assert outcome.details["device_turns"]["neighbours"] >= 1 and "retried_alone" not in outcome.details
 
 
-def test_resident_estimate_counts_the_timing_pool_twice_and_the_float64_reference():
+def test_resident_estimate_counts_the_timing_pool_the_outputs_and_the_float64_reference():
     from appliance.evaluation.pipeline import CHECK_COMPARE_BYTES, PROCESS_ALLOWANCE_BYTES, resident_estimate
-    from sandbox.harness.referee import MAX_CALLS_PER_BATCH, TIMING_POOL_BYTES
+    from sandbox.harness.referee import ARENA_SLACK_BYTES, MAX_CALLS_PER_BATCH, TIMING_POOL_BYTES
 
     small = [{"name": "main", "input_bytes": 1000, "output_bytes": 400}, {"name": "odd", "input_bytes": 10,
                                                                              "output_bytes": 4}]
     pool = MAX_CALLS_PER_BATCH * 1400  # the largest set, as many times as a batch has calls
     fixed = CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
+    # CPU: the server's outputs before they are copied, once more the pool; GPU: the arena (outputs twice, and
+    # workspace) and the L2 flush buffer.
     assert resident_estimate(small, "cpu") == 2 * pool + 4 * 1400 + fixed
-    assert resident_estimate(small, "cuda") == 2 * pool + 4 * 1400 + (256 << 20) + fixed  # the L2 flush buffer
-    big = [{"name": "main", "input_bytes": 3 << 30, "output_bytes": 1 << 30}]  # one set past the pool's bound
-    assert resident_estimate(big, "cuda") == 2 * (4 << 30) + 4 * (4 << 30) + (256 << 20) + fixed
-    assert TIMING_POOL_BYTES < 4 << 30
+    arena = 2 * MAX_CALLS_PER_BATCH * 400 + ARENA_SLACK_BYTES
+    assert resident_estimate(small, "cuda") == pool + arena + 4 * 1400 + (256 << 20) + fixed
+    big = [{"name": "main", "input_bytes": 4 << 30, "output_bytes": 1 << 30}]  # one set past the pool's bound
+    assert TIMING_POOL_BYTES["cuda"] < 5 << 30
+    assert resident_estimate(big, "cuda") == (5 << 30) + (2 << 30) + ARENA_SLACK_BYTES + 4 * (5 << 30) + \
+        (256 << 20) + fixed
 
 
 def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone(tmp_path):

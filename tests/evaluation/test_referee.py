@@ -17,6 +17,8 @@ CASES = {
     "skips_most_timed_calls": ("timed_output_mismatch", "timing", ["timed call"]),
     "late_writer": ("deferred_work", "correctness", ["changed after forward returned"]),
     "corrupts_after_check": ("deferred_work", "correctness", ["changed after forward returned"]),
+    "answers_before_the_work": ("timed_output_mismatch", "timing", ["timed call"]),
+    "places_outside_the_arena": ("protocol_error", "correctness", ["placed an output at"]),  # CPU: no arena
     "composed_token_kernel": ("library_fallback", "correctness", ["composed library ops", "exp"]),
     "hides_library_from_the_recorder": ("library_fallback", "correctness", ["fewer kernels of their own"]),
     "garbage_answers": ("protocol_error", "load", ["broke the protocol", "not a JSON message"]),
@@ -33,15 +35,6 @@ def test_a_candidate_attacking_the_harness_gets_the_named_verdict(appliance, sof
     assert (result["verdict"], result["stage"]) == (verdict, stage), result["reason"]
     for word in words:
         assert word in result["reason"], result["reason"]
-
-
-def test_work_left_for_the_collection_of_outputs_is_charged(appliance, softmax_task):
-    """It answers "call" at once and works (30 ms a call) while its outputs are collected: the referee's window
-    runs until it has read them, so the time it reports is at least the hidden work."""
-    code, result = appliance.eval_json(softmax_task, REFEREE / "answers_before_the_work.py")
-    assert code == 0, result["reason"]
-    main = next(t for t in result["timings"] if t["shape"] == "main" and t["implementation"] == "candidate")
-    assert main["median_ms"] >= 30, main
 
 
 def test_the_kernel_server_holds_no_device_turn_pipes(softmax_task, tmp_path):

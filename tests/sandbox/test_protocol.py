@@ -140,3 +140,80 @@ def test_a_failure_of_unhashable_or_odd_kinds_is_a_protocol_error_not_a_crash(fa
     referee (and was charged to the infrastructure)."""
     with pytest.raises(ProtocolError):
         _answer(json.dumps({"ok": False, "failure": failure}).encode())
+
+
+# --- where a server says it put the outputs ---------------------------------------------------------------------
+
+
+class _Calls:
+    """What `_outputs` reads of a Slots: how many calls, their outputs' dtypes and shapes, their out buffers."""
+
+    def __init__(self, count: int, outputs: list[dict]):
+        import torch
+
+        self.count, self.outputs = count, outputs
+        self._outs = [[torch.zeros(o["shape"], dtype=getattr(torch, o["dtype"])) for o in outputs]
+                      for _ in range(count)]
+
+    def outs(self, j: int) -> list:
+        return self._outs[j]
+
+
+@pytest.fixture
+def arena():
+    from sandbox.harness.referee import Arena
+    from sandbox.harness.shared import Pool
+
+    a = Arena(Pool.create("cpu", 1 << 16))
+    yield a
+    a.close()
+
+
+def _placed(calls, arena, outputs):
+    from sandbox.harness.referee import _outputs
+
+    return _outputs(calls, arena, {"ok": True, "outputs": outputs}, Stage.TIMING)
+
+
+def test_outputs_placed_in_the_arena_are_read_there_and_slots_are_the_calls_own(arena):
+    calls = _Calls(2, [{"dtype": "float32", "shape": [4, 8]}])
+    views = _placed(calls, arena, [[{"offset": 0}], [{"slot": True}]])
+    views[0][0].fill_(3.0)
+    assert float(arena.pool.tensor({"dtype": "float32", "shape": [1], "strides": None, "offset": 0})) == 3.0
+    assert views[1][0] is calls.outs(1)[0]
+
+
+@pytest.mark.parametrize("outputs, words", [
+    ([[{"offset": 0}], [{"offset": 0}]], "share memory"),  # one output for two calls: only the last is right
+    ([[{"offset": 0}], [{"offset": 512}]], "share memory"),  # 512 bytes into the first's 4096: shared
+    ([[{"offset": 1 << 16}], [{"slot": True}]], "outside the arena"),
+    ([[{"offset": 100}], [{"slot": True}]], "outside the arena"),  # misaligned
+    ([[{"offset": -512}], [{"slot": True}]], "outside the arena"),
+    ([[{"offset": 0.0}], [{"slot": True}]], "placed an output at"),
+    ([[{"offset": True}], [{"slot": True}]], "placed an output at"),
+    ([[{"offset": 0, "slot": True}], [{"slot": True}]], "placed an output at"),
+    ([[{"slot": 1}], [{"slot": True}]], "placed an output at"),
+    ([[{"slot": True}]], "every output of every call"),
+    ([[{"slot": True}], []], "every output of every call"),
+    ([[{"slot": True}], "x"], "every output of every call"),
+    ("everywhere", "every output of every call"),
+])
+def test_an_output_placed_where_the_referee_cannot_trust_it_is_rejected(arena, outputs, words):
+    calls = _Calls(2, [{"dtype": "float32", "shape": [4, 256]}])  # 4096 bytes each
+    with pytest.raises(Rejected) as info:
+        _placed(calls, arena, outputs)
+    assert words in info.value.reason
+    assert info.value.verdict == ("wrong_output" if words == "share memory" else "protocol_error")
+
+
+def test_without_an_arena_only_out_buffers_are_places(arena):
+    calls = _Calls(1, [{"dtype": "float32", "shape": [4]}])
+    with pytest.raises(Rejected, match="placed an output at"):
+        _placed(calls, None, [[{"offset": 0}]])
+
+
+def test_two_outputs_of_one_call_may_share_bytes(arena):
+    """Only other calls' outputs are a threat (one buffer reused across calls); one call's outputs are its own."""
+    calls = _Calls(1, [{"dtype": "float32", "shape": [4]}, {"dtype": "float32", "shape": [4]}])
+    views = _placed(calls, arena, [[{"offset": 0}, {"offset": 0}]])
+    assert views[0][0].data_ptr() == views[0][1].data_ptr()
