@@ -707,7 +707,7 @@ def _evaluation_gpus() -> int:
 # Numbers the referee reports beside the median: how it timed (batches, the round trip it took off, the cost of
 # its own read of the outputs, both taken off) and how many timed calls it checked.
 TIMING_EVIDENCE = ("batches", "calls_per_batch", "tiny_ms", "read_ms", "checked_calls",
-                   "check_probability", "outputs_in_arena", "energy_j_per_call", "avg_power_w")
+                   "check_probability", "outputs_in_arena", "raw_window_ms", "energy_j_per_call", "avg_power_w")
 
 
 def _timing_rows(task: Task, prepared: dict, candidate: dict, device: str, ceilings: dict | None) -> list[dict]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import bisect
 import ctypes
 
+from sandbox.harness.shared import ALIGN as VIEW_ALIGN
+
 ALIGN = 2 << 20  # the caching allocator asks for segments of 2 MiB multiples; keep them page aligned
 
 _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
@@ -48,8 +50,6 @@ class Arena:
     def offset_of(self, tensor) -> int | None:
         """Where a contiguous tensor's bytes start in the arena, if they all lie in it at an offset the referee
         accepts (shared.ALIGN); None otherwise (it is then copied)."""
-        from sandbox.harness.shared import ALIGN as VIEW_ALIGN
-
         nbytes = tensor.numel() * tensor.element_size()
         ptr = tensor.data_ptr()
         if not nbytes or not tensor.is_contiguous() or not self.holds(ptr, nbytes) or (ptr - self.base) % VIEW_ALIGN:

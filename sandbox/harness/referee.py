@@ -348,6 +348,7 @@ class Referee:
         self._meter = None  # NVML's energy counter, made on first use (GPU only)
         self._launches = math.inf  # the fewest own launches per call the server reported in a timed batch
         self._in_arena: list[float] = []  # per timed batch, the share of outputs the server made in the arena
+        self._raw: list[float] = []  # per timed batch, its window per call before the calibration is taken off
         self.arena: Arena | None = None  # GPU: where the server's calls put their outputs
         self.task = None
         self.provenance: dict = {}
@@ -360,14 +361,17 @@ class Referee:
         ceilings = self._ceilings() if spec.get("ceilings") and self.cuda else None
         self.task = load_task(spec)
         self.stages.done("load")
-        shapes = [self._shape(s) for s in spec["shapes"]]
+        with device_turn(shared=True):  # the reference runs on the device: never beside someone's measurement
+            shapes = [self._shape(s) for s in spec["shapes"]]
         out = {"shapes": [s["record"] for s in shapes], "environment": environment(self.device)}
         if ceilings is not None:
             out["ceilings"] = ceilings
         role = spec["role"]
         try:
             if self.cuda:
-                self.arena = Arena.shared_with(self.link, self.device, arena_bytes([s["record"] for s in shapes]))
+                with device_turn(shared=True):
+                    self.arena = Arena.shared_with(self.link, self.device,
+                                                   arena_bytes([s["record"] for s in shapes]))
             if role == "baselines":
                 out |= self._baselines(shapes)
             elif role == "profile":
@@ -469,11 +473,11 @@ class Referee:
         slots = self._slots(sh, "check", 1)
         for seed in spec["seeds"]:
             where = f"at shape {shape['name']} ({_sizes_text(shape['sizes'])}), seed {seed}"
-            init = self._build(sh, seed)
-            args = make_inputs(spec, self.task, shape, seed)
-            slots.fill(0, args)
-            self.sync()
-            with device_turn(shared=True):
+            with device_turn(shared=True):  # all our device work is in turns: none of it beside a measurement
+                init = self._build(sh, seed)
+                args = make_inputs(spec, self.task, shape, seed)
+                slots.fill(0, args)
+                self.sync()
                 answer = self.link.ask({"op": "call", "slots": slots.name, "record": True}, Stage.CORRECTNESS)
                 outs = _outputs(slots, self.arena, answer, Stage.CORRECTNESS)[0]
                 snapshot = [o.clone() for o in outs]
@@ -541,9 +545,9 @@ class Referee:
         rebuild). Returns (summary, calibration: the empty round trip and the cost of our read of one call's
         outputs, as measured beside this implementation)."""
         seed0 = spec_seed(self.spec)
-        init = self._build(sh, seed0)
-        single = self._slots(sh, "check", 1)
         with device_turn(shared=True):  # the first call compiles (torch.compile, a new shape's kernels)
+            init = self._build(sh, seed0)
+            single = self._slots(sh, "check", 1)
             self._batch(single, 1, {"tiny_ms": 0.0, "tiny_read_ms": 0.0})  # (checked by no one: it only sets K)
         set_bytes = sh["record"]["input_bytes"] + sh["record"]["output_bytes"]
         with device_turn():
@@ -569,7 +573,7 @@ class Referee:
             calls = batches * per_batch
             p = 1 - MISS_PROBABILITY ** (1 / max(1.0, SKIP_FRACTION * calls)) if check else 0.0
             slots = self._slots(sh, "timing", per_batch)
-            samples, reads, checked, self._launches, self._in_arena = [], [], 0, math.inf, []
+            samples, reads, checked, self._launches, self._in_arena, self._raw = [], [], 0, math.inf, [], []
             for _ in range(batches):
                 per_call, read, seeds, sums, sample, outs = self._batch(slots, per_batch, cal, p, read_cap)
                 samples.append(per_call)
@@ -583,7 +587,8 @@ class Referee:
                    "reps": calls, "batches": batches, "calls_per_batch": per_batch, "device": self.device,
                    "tiny_ms": round(cal["tiny_ms"], 4), "read_ms": round(statistics.median(reads), 4),
                    "checked_calls": checked, "check_probability": round(p, 4), "launches_per_call_min": self._launches,
-                   "outputs_in_arena": round(statistics.mean(self._in_arena), 4) if self._in_arena else 0.0}
+                   "outputs_in_arena": round(statistics.mean(self._in_arena), 4) if self._in_arena else 0.0,
+                   "raw_window_ms": round(statistics.median(self._raw), 4)}
         return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads)}
 
     def _calibrate(self) -> dict:
@@ -638,6 +643,7 @@ class Referee:
         self._in_arena.append(sum("offset" in w for w in placed) / max(len(placed), 1))
         launches = answer.get("launches")  # what the server says it launched: a policy record, not a check
         self._launches = min(self._launches, launches / k if type(launches) is int else 0.0)
+        self._raw.append((t1 - t0) * 1e3 / k)  # evidence: the window per call before anything is taken off
         window = (t1 - t0) * 1e3 - cal["tiny_ms"] - read_ms
         return max(window, 0.0) / k, read_ms / k, seeds, sums, sample, outs
 

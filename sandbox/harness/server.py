@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
         protocol.send(sock, answer)
 
 
-SPIN_S = 0.02  # how long the server polls for the referee's next request before it blocks (GPU only)
+SPIN_S = 1.0  # how long the server polls for the referee's next request before it blocks (GPU only): the
+# referee's work between two timed batches (fresh inputs, checks) takes milliseconds to a second
 
 
 class Slots:

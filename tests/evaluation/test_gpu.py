@@ -116,7 +116,9 @@ def test_gpu_gaming_candidate_is_rejected(appliance, softmax_task, name):
 # The referee's adversarial suite (tests/evaluation/test_referee.py) on the GPU, where outputs are made in the
 # arena and the server may say where they are: name -> (verdict, stage, words in the reason).
 GPU_REFEREE = {
-    "places_outside_the_arena": ("wrong_output", "timing", ["share memory"]),
+    # Offset 0 is where the arena's first allocation goes: at the first shape it may hold the honest output (then
+    # the first timed batch puts every call there: shared memory), at the next it holds some other tensor's bytes.
+    "places_outside_the_arena": ("wrong_output", None, []),
     "rebinds_the_server": ("nan_inf", "correctness", ["NaN/Inf"]),
     "skips_most_timed_calls": ("timed_output_mismatch", "timing", ["timed call"]),
     "answers_before_the_work": ("timed_output_mismatch", "timing", ["timed call"]),
@@ -130,7 +132,7 @@ def test_referee_attacks_on_the_gpu(appliance, softmax_task, name):
     verdict, stage, words = GPU_REFEREE[name]
     code, result = appliance.eval_json(softmax_task, REPO / f"tests/fixtures/referee/{name}.py", "--mode", "full",
                                        device="cuda")
-    assert (result["verdict"], result["stage"]) == (verdict, stage), result["reason"]
+    assert result["verdict"] == verdict and stage in (None, result["stage"]), result["reason"]
     for word in words:
         assert word in result["reason"], result["reason"]
 

@@ -256,8 +256,8 @@ def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone
 
 def test_an_evaluation_takes_a_fixed_few_turns(softmax_task, tmp_path):
     """Every turn waits behind the measurements in progress: the referee takes one shared turn per correctness call
-    (3 shapes x 2 seeds), and per shape a shared one for the first call and an exclusive one for timing; the first
-    evaluation is also charged the prepare made ahead (one exclusive process), and shows where its time went."""
+    (3 shapes x 2 seeds), one for running the reference at every shape, and per shape a shared one for the first
+    call and an exclusive one for timing; the first evaluation is also charged the prepare made ahead (one exclusive process), and shows where its time went."""
     from appliance.tasks import load_task
 
     pipeline = _pipeline(tmp_path, slots=1)
@@ -267,7 +267,7 @@ def test_an_evaluation_takes_a_fixed_few_turns(softmax_task, tmp_path):
     pipeline.close()
     assert outcome.verdict == "pass", outcome.reason
     assert len(outcome.details["cases"]) == 6
-    assert outcome.details["device_turns"]["turns"] == 6 + 3 * 2 + 1, outcome.details["device_turns"]
+    assert outcome.details["device_turns"]["turns"] == 6 + 1 + 3 * 2 + 1, outcome.details["device_turns"]
     assert {"load", "eager", "cpu_s"} <= set(outcome.details["stage_s"]["prepare"]), outcome.details
 
 
