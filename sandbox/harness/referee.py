@@ -57,6 +57,7 @@ MAX_CALLS_PER_BATCH = 256
 TIMING_POOL_BYTES = {"cuda": 4 << 30, "cpu": 1 << 30}  # a timed batch's inputs and out buffers (one set may be more)
 ARENA_SLACK_BYTES = 256 << 20  # of the arena, beyond twice the outputs of the largest batch: the calls' workspace
 CALIBRATION_ROUNDS = 21
+UNCALIBRATED = {"tiny_ms": 0.0, "read_ms": 0.0, "calls_per_batch": 1}  # no trusted calibration: nothing taken off
 SPIN_S = 0.05  # the referee polls this long for an answer before it blocks (GPU; see protocol.receive)
 ENERGY_WINDOW_S, ENERGY_MAX_BATCHES = 0.1, 30  # energy: calls over at least this long, or this many batches
 SETTLE_S = 0.02  # between an answer and the second look at its outputs
@@ -283,6 +284,12 @@ def _outputs(slots: Slots, arena: Arena | None, answer: dict, stage: Stage) -> l
     return views
 
 
+def _count(value) -> int | None:
+    """A count the server reports (a record, never a check): an int in [0, 2**53), else None. A huge one would
+    overflow our float arithmetic and crash the trusted side."""
+    return value if type(value) is int and 0 <= value < 2 ** 53 else None
+
+
 def _calls_that_fit(device: str, set_bytes: int) -> int:
     """How many calls' inputs and out buffers a timed batch's pool may hold (at least one)."""
     return max(1, TIMING_POOL_BYTES["cuda" if device.startswith("cuda") else "cpu"] // max(set_bytes, 1))
@@ -448,8 +455,10 @@ class Referee:
         self.stages.done("correctness")
         timings = {}
         for sh in shapes:
-            timings[sh["shape"]["name"]], _ = self._timed(sh, check=True,
-                                                          calibration=self.spec["calibration"].get(sh["shape"]["name"]))
+            # Without the trusted server's calibration for this shape (its eager baseline failed there, or none was
+            # asked for), nothing is taken off: what the candidate's own server costs is not ours to subtract.
+            calibration = self.spec["calibration"].get(sh["shape"]["name"]) or UNCALIBRATED
+            timings[sh["shape"]["name"]], _ = self._timed(sh, check=True, calibration=calibration)
         self.stages.done("timing")
         return {"timings": timings, "cases": self.cases, "provenance": self.provenance}
 
@@ -500,8 +509,8 @@ class Referee:
 
     def _note_provenance(self, answer: dict) -> None:
         """What the server says its calls ran: a policy check on honest output (it can lie), never a security one."""
-        ops, launches = answer.get("ops"), answer.get("launches")
-        if not (isinstance(ops, list) and all(isinstance(o, str) for o in ops) and type(launches) is int):
+        ops, launches = answer.get("ops"), _count(answer.get("launches"))
+        if not (isinstance(ops, list) and all(isinstance(o, str) for o in ops) and launches is not None):
             raise Rejected(Verdict.PROTOCOL_ERROR, Stage.CORRECTNESS, "the kernel server sent no record of what "
                            "forward ran")
         p = self.provenance
@@ -563,8 +572,12 @@ class Referee:
                 cycle.append((self.clock() - t0) * 1e3)
             estimate = statistics.median(estimate)
             single.close()
+            # K from this server's own estimate, but never fewer calls than the trusted server's batches had: a
+            # server that dawdles in its estimate calls would otherwise get batches of one, where the fixed cost
+            # taken off is largest against its work.
+            fewest = int((calibration or {}).get("calls_per_batch") or 1)
             per_batch = max(1, min(MAX_CALLS_PER_BATCH, _calls_that_fit(self.device, set_bytes),
-                                   math.ceil(BATCH_TARGET_MS[self.device] / max(estimate, 1e-4))))
+                                   max(fewest, math.ceil(BATCH_TARGET_MS[self.device] / max(estimate, 1e-4)))))
             # The budget bounds the whole batches (drawing inputs, checks), not only the calls in them; the extra
             # shapes get a quarter of it (speedups are quoted on the main shape).
             budget_ms = self.spec["timing_budget_s"] * 1e3 * (1.0 if sh["shape"]["name"] == "main" else 0.25)
@@ -589,7 +602,7 @@ class Referee:
                    "checked_calls": checked, "check_probability": round(p, 4), "launches_per_call_min": self._launches,
                    "outputs_in_arena": round(statistics.mean(self._in_arena), 4) if self._in_arena else 0.0,
                    "raw_window_ms": round(statistics.median(self._raw), 4)}
-        return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads)}
+        return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "calls_per_batch": per_batch}
 
     def _calibrate(self) -> dict:
         """The fixed cost of one request, measured as a batch is timed (our device work first, then the server's
@@ -630,6 +643,7 @@ class Referee:
         t1 = self.clock()
         # Picked after the fact, in secret, and copied at once: these copies are what the checks judge.
         sample = {j: [o.clone() for o in outs[j]] for j in range(k) if self.secret.random() < p}
+        self.sync()  # the copies done: what is timed next is our read alone
         t2 = self.clock()
         again = _checksums(outs)  # our read alone: what is taken off the window
         read_ms = max(0.0, (self.clock() - t2) * 1e3 - cal["tiny_read_ms"])
@@ -641,8 +655,8 @@ class Referee:
             read_ms = min(read_ms, read_cap_ms * k)
         placed = [w for row in answer["outputs"] for w in row]  # (checked by _outputs)
         self._in_arena.append(sum("offset" in w for w in placed) / max(len(placed), 1))
-        launches = answer.get("launches")  # what the server says it launched: a policy record, not a check
-        self._launches = min(self._launches, launches / k if type(launches) is int else 0.0)
+        launches = _count(answer.get("launches"))  # what the server says it launched: a record, not a check
+        self._launches = min(self._launches, launches / k if launches is not None else 0.0)
         self._raw.append((t1 - t0) * 1e3 / k)  # evidence: the window per call before anything is taken off
         window = (t1 - t0) * 1e3 - cal["tiny_ms"] - read_ms
         return max(window, 0.0) / k, read_ms / k, seeds, sums, sample, outs

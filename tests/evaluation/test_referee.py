@@ -24,6 +24,8 @@ CASES = {
     "garbage_answers": ("protocol_error", "load", ["broke the protocol", "not a JSON message"]),
     # Found by review: a list as the verdict crashed the referee (charged to the infrastructure).
     "unhashable_verdict": ("protocol_error", "load", ["broke the protocol"]),
+    # Found by review: a launch count of 10**400 overflowed the referee's float arithmetic (a crash of the trusted side).
+    "huge_launch_count": ("protocol_error", "correctness", ["no record of what forward ran"]),
 }
 
 
