@@ -2,11 +2,11 @@
 # The referee's GPU call: a smoke evaluation, the GPU tests, then the measurement table (referee vs do_bench, CV).
 #   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small]   (default: all; output under $OUT)
 set -uo pipefail
-parts=${1:-smoke,tests,measure,measure_small}
+parts=",${1:-smoke,tests,measure,measure_small},"  # (commas round every part: "measure" is not "measure_small")
 out=${OUT:-/tmp/referee-gpu}; mkdir -p "$out"
 source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-if [[ $parts == *smoke* ]]; then
+if [[ $parts == *,smoke,* ]]; then
   timeout 240 python3 -m appliance eval tests/fixtures/tasks/rowsoftmax.py tests/fixtures/candidates/good.py \
     --device cuda --mode full --baselines eager,compile --json > "$out/smoke.json" 2> "$out/smoke.err"
   python3 - "$out/smoke.json" <<'PY'
@@ -17,20 +17,20 @@ except Exception as e:
     print("smoke: no JSON", e); sys.exit(0)
 print("smoke:", d["verdict"], d["stage"], d["reason"][:300])
 for t in d["timings"]:
-    print(" ", t["shape"], t["implementation"], t["median_ms"], {k: t.get(k) for k in ("batches", "calls_per_batch", "empty_ms", "collect_ms", "collect_excess_ms", "checked_calls", "energy_j_per_call")})
+    print(" ", t["shape"], t["implementation"], t["median_ms"], {k: t.get(k) for k in ("batches", "calls_per_batch", "raw_window_ms", "tiny_ms", "stage_ms", "read_ms", "outputs_in_arena", "checked_calls", "energy_j_per_call")})
 PY
   tail -5 "$out/smoke.err"
 fi
-if [[ $parts == *tests* ]]; then
+if [[ $parts == *,tests,* ]]; then
   timeout ${TESTS_S:-420} python3 -m pytest tests/sandbox/test_shared.py tests/evaluation/test_gpu.py -q \
     -p no:cacheprovider -k "${GPU_TESTS:-not bundled_baseline_full_size and not cuda_and_cupy and not never_ends}" \
     2>&1 | tail -25
 fi
-if [[ $parts == *measure* ]]; then
+if [[ $parts == *,measure,* ]]; then
   timeout ${MEASURE_S:-400} python3 benchmarks/measurement.py --tasks ${MEASURE_TASKS:-rmsnorm,softmax} --repeats 10 \
     2>"$out/measure.err" | tail -8
 fi
-if [[ $parts == *measure_small* ]]; then
+if [[ $parts == *,measure_small,* ]]; then
   timeout ${SMALL_S:-300} python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats 10 \
     2>"$out/measure_small.err" | tail -4
 fi

@@ -661,7 +661,8 @@ def read_result(path: Path) -> dict | None:
 def resident_estimate(shapes: list[dict], device: str) -> int:
     """Device bytes (host bytes on the CPU) one evaluation's referee and kernel server hold at once, from trusted
     data only (the baselines' record of each shape's inputs and outputs): the referee's timing pool (a batch's
-    inputs and out buffers, sandbox/harness/referee.py), on a GPU the arena the server's outputs are made in, the
+    inputs and out buffers, sandbox/harness/referee.py) and its private copy of it (where inputs are drawn before
+    the window), on a GPU the arena the server's outputs are made in, the
     float64 reference of one call (inputs and outputs widened), the L2 flush buffer, and each process's
     allowance."""
     from sandbox.harness.referee import arena_bytes, pool_bytes
@@ -672,7 +673,7 @@ def resident_estimate(shapes: list[dict], device: str) -> int:
     outputs = arena_bytes(shapes) if device == "cuda" else pool
     reference64 = 4 * largest
     flush = 256 << 20 if device == "cuda" else 0
-    return pool + outputs + reference64 + flush + CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
+    return 2 * pool + outputs + reference64 + flush + CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
 
 
 def _memory_budget(gpu: int | None) -> int | None:
@@ -705,8 +706,8 @@ def _evaluation_gpus() -> int:
 
 
 # Numbers the referee reports beside the median: how it timed (batches, the round trip it took off, the cost of
-# its own read of the outputs, both taken off) and how many timed calls it checked.
-TIMING_EVIDENCE = ("batches", "calls_per_batch", "tiny_ms", "read_ms", "checked_calls",
+# its own copy of the inputs and read of the outputs, both taken off) and how many timed calls it checked.
+TIMING_EVIDENCE = ("batches", "calls_per_batch", "tiny_ms", "read_ms", "stage_ms", "checked_calls",
                    "check_probability", "outputs_in_arena", "raw_window_ms", "energy_j_per_call", "avg_power_w")
 
 

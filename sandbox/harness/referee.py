@@ -12,16 +12,19 @@ over an AF_UNIX socket, with buffers shared between the two (sandbox/harness/sha
   profile     one call inside cudaProfilerStart/Stop, for Nsight Compute wrapped around the server.
 
 What a candidate's process says is never believed. For each call the referee draws fresh inputs from the task's
-get_inputs() under a secret seed, writes them into the shared buffers, poisons the out buffers, flushes the L2
-(GPU) and only then sends "call". On a GPU the server's calls allocate from an arena the referee owns
+get_inputs() under a secret seed into memory of its own, which the server cannot map. Only once its clock runs does
+it copy them into the shared buffers (poisoning the out buffers in the same copy), flush the L2 (GPU) and send
+"call": inputs the server can see before the clock starts would let it do the work ahead of the window. The copy is
+timed on our own stream and taken off, never more than beside the trusted server. On a GPU the server's calls allocate from an arena the referee owns
 (sandbox/harness/arena.py), so outputs are born where the referee reads them and nothing is copied; the server
 says where each one is, and the referee checks every place (inside the arena, aligned, no two calls' outputs
 sharing a byte). On the CPU outputs are copied into the out buffers inside the call.
 
 A batch of K calls is timed by the referee's clock from the request until it has read every byte of the outputs
-itself. Taken off: the calibrated fixed cost of a request (a tiny kernel's round trip, measured after the same
-device work of ours as a batch: on a GPU shared by two processes the switch between their contexts costs more
-than the round trip), and our own read of the outputs; both never more than beside the trusted server.
+itself. Taken off: our copy of the inputs, the calibrated fixed cost of a request (a tiny kernel's round trip,
+measured after the same device work of ours as a batch: on a GPU shared by two processes the switch between their
+contexts costs more than the round trip), and our own read of the outputs; each never more than beside the trusted
+server.
 Afterwards it picks in secret which timed calls to check (enough that skipping 5% of calls is caught with
 probability >= 0.999), copies their outputs at once, draws their inputs again from their seeds, and checks inputs
 and outputs against the float64 reference. Outputs must be final when the server answers: their checksums are
@@ -54,10 +57,11 @@ BATCH_TARGET_MS = {"cuda": 5.0, "cpu": 2.0}  # a batch at least this long: what 
 MIN_BATCHES = {"cuda": 15, "cpu": 5}
 MAX_BATCHES = {"cuda": 100, "cpu": 50}
 MAX_CALLS_PER_BATCH = 256
-TIMING_POOL_BYTES = {"cuda": 4 << 30, "cpu": 1 << 30}  # a timed batch's inputs and out buffers (one set may be more)
+TIMING_POOL_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}  # a timed batch's inputs and out buffers (one set may be
+# more); the referee holds a private copy of the same size, where the inputs are drawn before the window
 ARENA_SLACK_BYTES = 256 << 20  # of the arena, beyond twice the outputs of the largest batch: the calls' workspace
 CALIBRATION_ROUNDS = 21
-UNCALIBRATED = {"tiny_ms": 0.0, "read_ms": 0.0, "calls_per_batch": 1}  # no trusted calibration: nothing taken off
+UNCALIBRATED = {"tiny_ms": 0.0, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 1}  # no trusted calibration: nothing taken off
 SPIN_S = 0.05  # the referee polls this long for an answer before it blocks (GPU; see protocol.receive)
 ENERGY_WINDOW_S, ENERGY_MAX_BATCHES = 0.1, 30  # energy: calls over at least this long, or this many batches
 SETTLE_S = 0.02  # between an answer and the second look at its outputs
@@ -135,7 +139,10 @@ class Link:
 class Slots:
     """`count` calls' inputs and out buffers in one shared pool: slot i's input tensors and out buffers (poisoned
     before every call; the server copies outputs there when they are not in the arena). Registered with the server
-    once, so that a "call" names only the set."""
+    once, so that a "call" names only the set.
+
+    Inputs are drawn into a private copy of the pool (`fill`), which the server never maps, and made visible in one
+    copy (`stage`) only once the referee's clock runs: the server cannot compute on them ahead of the window."""
 
     def __init__(self, link: Link, device: str, name: str, sh: dict, count: int):
         import torch
@@ -151,11 +158,16 @@ class Slots:
             specs += [(o["dtype"], tuple(o["shape"]), None) for o in outputs]
         entries, nbytes = layout(specs)
         self.pool = Pool.create(device, max(nbytes, 1))
+        self.private = Pool.create(device, self.pool.nbytes)  # never exported: the server cannot map it
+        whole = {"dtype": "uint8", "shape": [self.pool.nbytes], "strides": None, "offset": 0}
+        self._shared_bytes, self._private_bytes = self.pool.tensor(whole), self.private.tensor(whole)
         per = len(specs) // count
         n_in = per - len(outputs)
         self.entries = [(entries[i * per:i * per + n_in], entries[i * per + n_in:(i + 1) * per]) for i in range(count)]
         self.views = [([self.pool.tensor(e) for e in ins], [self.pool.tensor(e) for e in outs])
                       for ins, outs in self.entries]
+        self._drawn = [([self.private.tensor(e) for e in ins], [self.private.tensor(e) for e in outs])
+                       for ins, outs in self.entries]
         fd = self.pool.export_fd()
         try:
             link.ask({"op": "pool", "name": name, "nbytes": self.pool.nbytes}, Stage.LOAD, (fd,))
@@ -179,13 +191,18 @@ class Slots:
         return {"args": args, "outs": [{"pool": self.name, "entry": e} for e in outs]}
 
     def fill(self, i: int, args: list) -> None:
+        """Slot i's next inputs and poisoned out buffers, in the private copy: the server sees them at `stage`."""
         import torch
 
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        for view, a in zip(self.views[i][0], tensors):
+        for view, a in zip(self._drawn[i][0], tensors):
             view.copy_(a)
-        for out in self.views[i][1]:
+        for out in self._drawn[i][1]:
             out.reshape(-1).view(torch.uint8).fill_(0xFF)  # poisoned: a call that writes nothing leaves NaN / -1
+
+    def stage(self) -> None:
+        """Every slot's drawn inputs and poison into the shared pool, in one copy (asynchronous on a GPU)."""
+        self._shared_bytes.copy_(self._private_bytes)
 
     def outs(self, i: int) -> list:
         return self.views[i][1]
@@ -197,8 +214,10 @@ class Slots:
         return [k for k, (view, a) in enumerate(zip(self.views[i][0], tensors)) if not torch.equal(view, a)]
 
     def close(self) -> None:
-        self.views = []
+        self.views = self._drawn = []
+        self._shared_bytes = self._private_bytes = None
         self.pool.close()
+        self.private.close()
 
 
 class Arena:
@@ -356,6 +375,7 @@ class Referee:
         self._launches = math.inf  # the fewest own launches per call the server reported in a timed batch
         self._in_arena: list[float] = []  # per timed batch, the share of outputs the server made in the arena
         self._raw: list[float] = []  # per timed batch, its window per call before the calibration is taken off
+        self._staged: list[float] = []  # per timed batch, our copy of its inputs per call (ms, before any cap)
         self.arena: Arena | None = None  # GPU: where the server's calls put their outputs
         self.task = None
         self.provenance: dict = {}
@@ -469,6 +489,7 @@ class Referee:
         self._build(sh, spec_seed(self.spec))
         for profile in (False, True):  # compiled and warm outside the profiled range
             slots.fill(0, make_inputs(self.spec, self.task, sh["shape"], self.secret.getrandbits(62)))
+            slots.stage()
             self.sync()
             self.link.ask({"op": "call", "slots": slots.name, "profile": profile}, Stage.TIMING)
         slots.close()
@@ -486,6 +507,7 @@ class Referee:
                 init = self._build(sh, seed)
                 args = make_inputs(spec, self.task, shape, seed)
                 slots.fill(0, args)
+                slots.stage()  # (untimed: nothing to gain from seeing them early)
                 self.sync()
                 answer = self.link.ask({"op": "call", "slots": slots.name, "record": True}, Stage.CORRECTNESS)
                 outs = _outputs(slots, self.arena, answer, Stage.CORRECTNESS)[0]
@@ -557,14 +579,17 @@ class Referee:
         with device_turn(shared=True):  # the first call compiles (torch.compile, a new shape's kernels)
             init = self._build(sh, seed0)
             single = self._slots(sh, "check", 1)
-            self._batch(single, 1, {"tiny_ms": 0.0, "tiny_read_ms": 0.0})  # (checked by no one: it only sets K)
+            self._batch(single, 1, {"tiny_ms": 0.0, "tiny_read_ms": 0.0, "stage_ms": None})  # (only sets K)
         set_bytes = sh["record"]["input_bytes"] + sh["record"]["output_bytes"]
         with device_turn():
             cal = self._calibrate()
             read_cap = None
+            cal["stage_ms"] = None  # (our copy of the inputs, per call: taken off as measured)
             if calibration:  # the trusted server's fixed cost bounds what is taken off: a slow "tiny" earns nothing
                 cal["tiny_ms"] = min(cal["tiny_ms"], calibration["tiny_ms"])
                 read_cap = calibration["read_ms"]
+                # A server that slows our copy (its own work time-sliced into it) must not have that taken off.
+                cal["stage_ms"] = calibration.get("stage_ms", 0.0)
             estimate, cycle = [], []  # ms of one call; ms of one whole single-call batch (inputs drawn, checked)
             for _ in range(3):
                 t0 = self.clock()
@@ -587,6 +612,7 @@ class Referee:
             p = 1 - MISS_PROBABILITY ** (1 / max(1.0, SKIP_FRACTION * calls)) if check else 0.0
             slots = self._slots(sh, "timing", per_batch)
             samples, reads, checked, self._launches, self._in_arena, self._raw = [], [], 0, math.inf, [], []
+            self._staged = []
             for _ in range(batches):
                 per_call, read, seeds, sums, sample, outs = self._batch(slots, per_batch, cal, p, read_cap)
                 samples.append(per_call)
@@ -594,15 +620,21 @@ class Referee:
                 if check:
                     checked += self._check_timed(sh, slots, init, seed0, seeds, sums, sample, outs)
                 del outs
-            energy = self._energy(slots, per_batch) if sh["shape"]["name"] == "main" else {}
+            staged = statistics.median(self._staged)
+            summary = {"median_ms": statistics.median(samples), "iqr_ms": _iqr(samples), "min_ms": min(samples),
+                       "reps": calls, "batches": batches, "calls_per_batch": per_batch, "device": self.device,
+                       "tiny_ms": round(cal["tiny_ms"], 4), "read_ms": round(statistics.median(reads), 4),
+                       "stage_ms": round(staged, 4), "launches_per_call_min": self._launches,
+                       "outputs_in_arena": round(statistics.mean(self._in_arena), 4) if self._in_arena else 0.0,
+                       "raw_window_ms": round(statistics.median(self._raw), 4)}
+            if sh["shape"]["name"] == "main" and self._millijoules() is not None:
+                energy, more = self._energy(sh, slots, per_batch, cal, p if check else 0.0, read_cap, init, seed0)
+                summary |= energy
+                checked += more
             slots.close()
-        summary = energy | {"median_ms": statistics.median(samples), "iqr_ms": _iqr(samples), "min_ms": min(samples),
-                   "reps": calls, "batches": batches, "calls_per_batch": per_batch, "device": self.device,
-                   "tiny_ms": round(cal["tiny_ms"], 4), "read_ms": round(statistics.median(reads), 4),
-                   "checked_calls": checked, "check_probability": round(p, 4), "launches_per_call_min": self._launches,
-                   "outputs_in_arena": round(statistics.mean(self._in_arena), 4) if self._in_arena else 0.0,
-                   "raw_window_ms": round(statistics.median(self._raw), 4)}
-        return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "calls_per_batch": per_batch}
+        summary |= {"checked_calls": checked, "check_probability": round(p, 4)}
+        return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "stage_ms": staged,
+                         "calls_per_batch": per_batch}
 
     def _calibrate(self) -> dict:
         """The fixed cost of one request, measured as a batch is timed (our device work first, then the server's
@@ -614,9 +646,10 @@ class Referee:
         probe = [[torch.zeros(1, dtype=torch.int64, device=self.device)]]
         windows, reads = [], []
         for _ in range(CALIBRATION_ROUNDS):
-            self._flush()
             self.sync()
             t0 = self.clock()
+            self._flush()  # in the window, as in a batch (after our copy of the inputs there)
+            self.sync()
             self.link.ask({"op": "tiny"}, Stage.TIMING)
             _checksums(probe)
             t1 = self.clock()
@@ -625,22 +658,30 @@ class Referee:
             reads.append((self.clock() - t1) * 1e3)
         return {"tiny_ms": statistics.median(windows), "tiny_read_ms": statistics.median(reads)}
 
-    def _batch(self, slots: Slots, k: int, cal: dict, p: float = 0.0, read_cap_ms: float | None = None):
-        """One timed batch of k calls on fresh inputs, timed as one window: from "call" until we have read every
-        byte of the outputs where the server placed them. Taken off: the calibrated fixed cost of a request
-        (`cal`), and our own read of the outputs beyond its fixed part (never more than the trusted server's
-        `read_cap_ms` per call). Returns (ms per call, our read's ms per call, the calls' secret seeds, the outputs'
+    def _batch(self, slots: Slots, k: int, cal: dict, p: float = 0.0, read_cap_ms: float | None = None,
+               energy: list | None = None):
+        """One timed batch of k calls on fresh inputs, timed as one window: from before our copy of the inputs into
+        the shared pool until we have read every byte of the outputs where the server placed them. Taken off: our
+        copy (timed on our stream, never more than `cal["stage_ms"]` per call when that is set), the calibrated fixed
+        cost of a request (`cal`), and our own read of the outputs beyond its fixed part (never more than the
+        trusted server's `read_cap_ms` per call). `energy`, when given, gets the window's (millijoules, seconds),
+        read outside it. Returns (ms per call, our read's ms per call, the calls' secret seeds, the outputs'
         checksums, the secret sample: {slot: copies of its outputs taken right after the window}, the outputs)."""
         seeds = [self.secret.getrandbits(62) for _ in range(k)]
-        for j in self.secret.sample(range(k), k):  # in a secret order: no slot is reliably written first
+        for j in range(k):  # into our private copy: the server sees none of it before the clock runs
             slots.fill(j, make_inputs(self.spec, self.task, slots.shape, seeds[j]))
+        self.sync()
+        mj0 = self._millijoules() if energy is not None else None
+        t0 = self.clock()
+        staged = self._stage(slots)
         self._flush()
         self.sync()
-        t0 = self.clock()
         answer = self.link.ask({"op": "call", "slots": slots.name}, Stage.TIMING)
         outs = _outputs(slots, self.arena, answer, Stage.TIMING)
         sums = _checksums(outs)  # every byte read by us before the clock stops
         t1 = self.clock()
+        if energy is not None:
+            energy.append((self._millijoules() - mj0, t1 - t0))
         # Picked after the fact, in secret, and copied at once: these copies are what the checks judge.
         sample = {j: [o.clone() for o in outs[j]] for j in range(k) if self.secret.random() < p}
         self.sync()  # the copies done: what is timed next is our read alone
@@ -653,13 +694,32 @@ class Referee:
                            "when it said it was done")
         if read_cap_ms is not None:
             read_ms = min(read_ms, read_cap_ms * k)
+        self._staged.append(staged / k)
+        if cal.get("stage_ms") is not None:
+            staged = min(staged, cal["stage_ms"] * k)
         placed = [w for row in answer["outputs"] for w in row]  # (checked by _outputs)
         self._in_arena.append(sum("offset" in w for w in placed) / max(len(placed), 1))
         launches = _count(answer.get("launches"))  # what the server says it launched: a record, not a check
         self._launches = min(self._launches, launches / k if launches is not None else 0.0)
         self._raw.append((t1 - t0) * 1e3 / k)  # evidence: the window per call before anything is taken off
-        window = (t1 - t0) * 1e3 - cal["tiny_ms"] - read_ms
+        window = (t1 - t0) * 1e3 - staged - cal["tiny_ms"] - read_ms
         return max(window, 0.0) / k, read_ms / k, seeds, sums, sample, outs
+
+    def _stage(self, slots: Slots) -> float:
+        """The slots' inputs made visible to the server (`Slots.stage`), inside the window; its ms, timed on our
+        own stream (GPU) or by our clock (CPU)."""
+        if not self.cuda:
+            t0 = self.clock()
+            slots.stage()
+            return (self.clock() - t0) * 1e3
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        slots.stage()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
 
     def _check_timed(self, sh: dict, slots: Slots, init: list, seed0: int, seeds: list[int], sums: list,
                      sample: dict, outs: list[list]) -> int:
@@ -683,22 +743,21 @@ class Referee:
                            "changed after the kernel server answered: work still running when it said it was done")
         return len(sample)
 
-    def _energy(self, slots: Slots, k: int) -> dict:
-        """Energy per call from NVML's counter around the calls of a few batches more, run after the timed ones:
-        reading the counter takes about a millisecond, which must not sit inside any timed window."""
-        if self._millijoules() is None:
-            return {}
-        joules = seconds = 0.0
-        calls = 0
-        while seconds < ENERGY_WINDOW_S and calls < ENERGY_MAX_BATCHES * k:
-            for j in range(k):
-                slots.fill(j, make_inputs(self.spec, self.task, slots.shape, self.secret.getrandbits(62)))
-            self.sync()
-            mj0, t0 = self._millijoules(), self.clock()
-            self.link.ask({"op": "call", "slots": slots.name}, Stage.TIMING)
-            t1, mj1 = self.clock(), self._millijoules()
-            joules, seconds, calls = joules + (mj1 - mj0) / 1e3, seconds + t1 - t0, calls + k
-        return {"energy_j_per_call": joules / calls, "avg_power_w": joules / max(seconds, 1e-9), "energy_calls": calls}
+    def _energy(self, sh: dict, slots: Slots, k: int, cal: dict, p: float, read_cap_ms: float | None, init: list,
+                seed0: int) -> tuple[dict, int]:
+        """Energy per call from NVML's counter around the windows of a few batches more, run after the timed ones
+        and checked as they are (calls that skip their work would spend less): reading the counter takes about a
+        millisecond, which must not sit inside any timed window. The windows hold our copy of the inputs too.
+        Returns (the energy record, the calls checked)."""
+        windows, calls, checked = [], 0, 0
+        while sum(w[1] for w in windows) < ENERGY_WINDOW_S and calls < ENERGY_MAX_BATCHES * k:
+            _, _, seeds, sums, sample, outs = self._batch(slots, k, cal, p, read_cap_ms, energy=windows)
+            if p:
+                checked += self._check_timed(sh, slots, init, seed0, seeds, sums, sample, outs)
+            calls += k
+        joules, seconds = sum(w[0] for w in windows) / 1e3, sum(w[1] for w in windows)
+        return {"energy_j_per_call": joules / calls, "avg_power_w": joules / max(seconds, 1e-9),
+                "energy_calls": calls}, checked
 
     def _millijoules(self) -> int | None:
         if not self.cuda:

@@ -1,0 +1,121 @@
+"""The referee's window (issue 24, deliver 2): a timed call's inputs reach memory the kernel server can map only once
+the referee's clock runs, so nothing can be computed on them ahead of the window (a server that reads the shared
+pool while the referee draws the next batch's inputs would otherwise have the answers ready before the request).
+
+Driven with the real referee and the real kernel server's code over a socket pair, on the CPU. The server runs in
+a thread of the test and serves the task's own Model (trusted code: the referee runs it too), so the test can look
+at the pool through the server's own mapping, at the moment the referee's clock is read."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+
+def _serve(sock: socket.socket, server) -> None:
+    from sandbox import protocol
+    from sandbox.harness.server import Failure
+
+    while True:
+        try:
+            message, fds = protocol.receive(sock)
+        except (EOFError, OSError):
+            return
+        if message.get("op") == "exit":
+            return
+        try:
+            answer = server.handle(message["op"], message, fds)
+        except Failure as f:
+            answer = f.answer()
+        protocol.send(sock, answer)
+
+
+@pytest.fixture
+def session(softmax_task, tmp_path):
+    """(referee, server, its first shape) with the task's Model loaded and built in the server."""
+    from appliance.tasks import load_task
+    from sandbox import protocol
+    from sandbox.harness.provenance import Launches
+    from sandbox.harness.referee import Link, Referee
+    from sandbox.harness.server import Server
+    from sandbox.harness.task_code import load_task as load_task_code
+
+    task = load_task(softmax_task)
+    spec = {"device": "cpu", "dtype": task.manifest.dtype, "seeds": [0], "timing_budget_s": 0.05,
+            "shapes": [vars(sh) for sh in task.shapes("small")], "tolerances": task.tolerances(),
+            "role": "baselines", "calibration": {},
+            "implementations": [{"name": "eager", "file": str(softmax_task), "cls": "Model"}],
+            "task_file": str(softmax_task), "task_display": str(softmax_task), "result": str(tmp_path / "r.json")}
+    ours, theirs = socket.socketpair()
+    server = Server("cpu", Launches())  # (not installed: nothing of the test process is patched)
+    thread = threading.Thread(target=_serve, args=(theirs, server), daemon=True)
+    thread.start()
+    referee = Referee(spec, Link(ours))
+    referee.task = load_task_code(spec)
+    sh = referee._shape(spec["shapes"][0])
+    referee.link.ask({"op": "load", "file": str(softmax_task), "cls": "Model"}, "load")
+    referee._build(sh, 0)
+    yield referee, server, sh
+    protocol.send(ours, {"op": "exit"})
+    thread.join(10)
+    ours.close()
+    theirs.close()
+
+
+def _inputs_the_server_sees(server, name: str) -> list:
+    return [[a.clone() for a in args if hasattr(a, "clone")] for args in server.slots[name].args]
+
+
+def _draw(referee, sh, seed: int) -> list:
+    from sandbox.harness.task_code import make_inputs
+
+    return [a for a in make_inputs(referee.spec, referee.task, sh["shape"], seed) if hasattr(a, "clone")]
+
+
+def _equal(a: list, b: list) -> bool:
+    import torch
+
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_drawn_inputs_reach_the_servers_mapping_only_when_staged(session):
+    from sandbox.harness.referee import Slots
+    from sandbox.harness.task_code import make_inputs
+
+    referee, server, sh = session
+    slots = Slots(referee.link, "cpu", "t", sh, 2)
+    args = make_inputs(referee.spec, referee.task, sh["shape"], 7)
+    slots.fill(1, args)
+    drawn = [a for a in args if hasattr(a, "clone")]
+    assert not _equal(_inputs_the_server_sees(server, "t")[1], drawn)  # drawn in the referee's own memory
+    slots.stage()
+    assert _equal(_inputs_the_server_sees(server, "t")[1], drawn)
+    slots.close()
+
+
+def test_the_clock_runs_before_a_timed_batchs_inputs_reach_the_server(session):
+    """What the server can see when the window opens (the referee's first clock reading in a batch) holds none of
+    the batch's inputs; when it closes, it holds all of them."""
+    from sandbox.harness.referee import Slots
+
+    referee, server, sh = session
+    slots = Slots(referee.link, "cpu", "t", sh, 3)
+    cal = {"tiny_ms": 0.0, "tiny_read_ms": 0.0, "stage_ms": None}
+    referee._batch(slots, 3, cal)  # a batch before: the pool holds inputs (the last batch's), not only zeros
+    readings, real_clock = [], referee.clock
+
+    def clock() -> float:
+        readings.append(_inputs_the_server_sees(server, "t"))
+        return real_clock()
+
+    referee.clock = clock
+    per_call, _, seeds, *_ = referee._batch(slots, 3, cal)
+    referee.clock = real_clock
+    drawn = [_draw(referee, sh, seed) for seed in seeds]
+    assert not any(_equal(seen, d) for seen, d in zip(readings[0], drawn)), "inputs visible before the clock ran"
+    assert all(_equal(seen, d) for seen, d in zip(readings[-1], drawn))
+    assert per_call >= 0.0
+    assert referee._staged and referee._staged[-1] > 0.0  # our copy was timed, inside the window
+    slots.close()
