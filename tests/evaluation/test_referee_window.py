@@ -2,7 +2,7 @@
 the referee's clock runs, so nothing can be computed on them ahead of the window (a server that reads the shared
 pool while the referee draws the next batch's inputs would otherwise have the answers ready before the request).
 
-Driven with the real referee and the real kernel server's code over a socket pair, on the CPU. The server runs in
+Driven with the real referee and the real kernel server's code over a socket pair, on the CPU and the GPU. The server runs in
 a thread of the test and serves the task's own Model (trusted code: the referee runs it too), so the test can look
 at the pool through the server's own mapping, at the moment the referee's clock is read."""
 
@@ -32,8 +32,8 @@ def _serve(sock: socket.socket, server) -> None:
         protocol.send(sock, answer)
 
 
-@pytest.fixture
-def session(softmax_task, tmp_path):
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def session(request, softmax_task, tmp_path):
     """(referee, server, its first shape) with the task's Model loaded and built in the server."""
     from appliance.tasks import load_task
     from sandbox import protocol
@@ -42,14 +42,16 @@ def session(softmax_task, tmp_path):
     from sandbox.harness.server import Server
     from sandbox.harness.task_code import load_task as load_task_code
 
+    device = request.param
     task = load_task(softmax_task)
-    spec = {"device": "cpu", "dtype": task.manifest.dtype, "seeds": [0], "timing_budget_s": 0.05,
-            "shapes": [vars(sh) for sh in task.shapes("small")], "tolerances": task.tolerances(),
+    shapes = task.shapes("small" if device == "cpu" else "full")
+    spec = {"device": device, "dtype": task.manifest.dtype, "seeds": [0], "timing_budget_s": 0.05,
+            "shapes": [vars(sh) for sh in shapes], "tolerances": task.tolerances(),
             "role": "baselines", "calibration": {},
             "implementations": [{"name": "eager", "file": str(softmax_task), "cls": "Model"}],
             "task_file": str(softmax_task), "task_display": str(softmax_task), "result": str(tmp_path / "r.json")}
     ours, theirs = socket.socketpair()
-    server = Server("cpu", Launches())  # (not installed: nothing of the test process is patched)
+    server = Server(device, Launches())  # (not installed: nothing of the test process is patched)
     thread = threading.Thread(target=_serve, args=(theirs, server), daemon=True)
     thread.start()
     referee = Referee(spec, Link(ours))
@@ -85,12 +87,13 @@ def test_drawn_inputs_reach_the_servers_mapping_only_when_staged(session):
     from sandbox.harness.task_code import make_inputs
 
     referee, server, sh = session
-    slots = Slots(referee.link, "cpu", "t", sh, 2)
+    slots = Slots(referee.link, referee.device, "t", sh, 2)
     args = make_inputs(referee.spec, referee.task, sh["shape"], 7)
     slots.fill(1, args)
     drawn = [a for a in args if hasattr(a, "clone")]
     assert not _equal(_inputs_the_server_sees(server, "t")[1], drawn)  # drawn in the referee's own memory
     slots.stage()
+    referee.sync()
     assert _equal(_inputs_the_server_sees(server, "t")[1], drawn)
     slots.close()
 
@@ -101,7 +104,7 @@ def test_the_clock_runs_before_a_timed_batchs_inputs_reach_the_server(session):
     from sandbox.harness.referee import Slots
 
     referee, server, sh = session
-    slots = Slots(referee.link, "cpu", "t", sh, 3)
+    slots = Slots(referee.link, referee.device, "t", sh, 3)
     cal = {"tiny_ms": 0.0, "tiny_read_ms": 0.0, "stage_ms": None}
     referee._batch(slots, 3, cal)  # a batch before: the pool holds inputs (the last batch's), not only zeros
     readings, real_clock = [], referee.clock
