@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from appliance.evaluation.job_folders import remove_tree
-from appliance.evaluation.pipeline import Outcome, read_result
+from appliance.evaluation.pipeline import Outcome
+from appliance.evaluation.records import read_result
 from appliance.tasks import Task
 from sandbox.jail import Jail
 

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -32,15 +31,15 @@ from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
 from appliance.evaluation.host_memory import HostMemory, evaluation_bytes
 from appliance.evaluation.job_folders import JobFolder, remove_tree
+from appliance.evaluation.records import MAX_RESULT_BYTES, read_result, read_text
+from appliance.evaluation.residency import evaluation_gpus, memory_budget, resident_estimate
+from appliance.evaluation.timings import pass_reason, speedup, timing_rows
 from appliance.evaluation.verdicts import host_out_of_memory, library_fallback, verdict_of
 from appliance.tasks import RebuiltTasks, Task
 from sandbox.gate import DeviceGate
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
-MEMORY_BUDGET_FRACTION = 0.9  # of the GPU's memory: what the evaluations in flight may hold at once (sandbox/gate.py)
-PROCESS_ALLOWANCE_BYTES = 1 << 30  # device memory of one process beyond its tensors: CUDA context, allocator slack
-CHECK_COMPARE_BYTES = 1 << 30  # the comparison's float64 temporaries (sandbox/harness/compare.py: chunks of 16 M)
 
 
 @dataclass
@@ -130,10 +129,10 @@ class Pipeline:
             from sandbox.harness.energy import EnergyMeter
 
             meter = EnergyMeter(jail.gpu)
-        self.gate = DeviceGate(energy_meter=meter, memory_bytes=_memory_budget(jail.gpu))
+        self.gate = DeviceGate(energy_meter=meter, memory_bytes=memory_budget(jail.gpu))
         # One process's pipelines share one (cli.py); a worker process per GPU takes its GPU's share of the host's.
         self.host_memory = host_memory or HostMemory(settings.host_memory_bytes,
-                                                     share=1 / _evaluation_gpus() if jail.gpu is not None else 1.0)
+                                                     share=1 / evaluation_gpus() if jail.gpu is not None else 1.0)
         self.folder = JobFolder(settings.jobs_dir)  # this pipeline's job folders, swept if its process is killed
         self._ceilings: dict | None = None
         self._prepared: dict[str, tuple[Path, dict]] = {}  # task key -> (inputs dir, prepare's result)
@@ -317,7 +316,7 @@ class Pipeline:
 
         ceilings = self._device_ceilings(job, environment, turns) if device == "cuda" else None
         usable = ceilings if ceilings and "measured" in ceilings else None  # not when measuring them failed
-        timings = _timing_rows(task, prepared, referee["timings"], device, usable)
+        timings = timing_rows(task, prepared, referee["timings"], device, usable)
         main_row = next((t for t in timings if t["shape"] == "main" and t["implementation"] == "candidate"), {})
         details["evidence"] = {"launches_per_call": details["provenance"].get("own_launches"),
                                "roofline_fraction": main_row.get("roofline_fraction"),
@@ -329,32 +328,32 @@ class Pipeline:
                 return Outcome(**base | dict(verdict="impossible", stage="timing", reason=why + where),
                                timings=timings, environment=environment, details=details)
         main = {t["implementation"]: t for t in timings if t["shape"] == "main"}
-        if (_speedup(main, "compile") or 0) > RECHECK_SPEEDUP:
+        if (speedup(main, "compile") or 0) > RECHECK_SPEEDUP:
             # Measured once more, by a fresh referee and server: a speedup this large is reported only if it holds.
             again, run2 = self._candidate(task, spec, job, source, resident, wall, turns, details)
             second = (again.get("timings") or {}).get("main", {}).get("median_ms")
             details["second_measurement"] = {"status": again.get("status"), "median_ms": second}
             if verdict_of(again, run2, s.candidate_timeout_s) or not second:
                 return Outcome(**base | dict(verdict="timing_mismatch", stage="timing", reason=(
-                    f"a {_speedup(main, 'compile'):.3g}x speedup over torch.compile did not hold when measured again "
+                    f"a {speedup(main, 'compile'):.3g}x speedup over torch.compile did not hold when measured again "
                     f"({str(again.get('verdict') or again.get('status'))[:60]})")),
                                timings=timings, environment=environment, details=details)
             first = main["candidate"]["median_ms"]
             if second > RECHECK_AGREEMENT * first:
                 return Outcome(**base | dict(verdict="timing_mismatch", stage="timing", reason=(
                     f"measured again, the main shape took {second:.4g} ms instead of {first:.4g} ms: a "
-                    f"{_speedup(main, 'compile'):.3g}x speedup over torch.compile is reported only if it holds")),
+                    f"{speedup(main, 'compile'):.3g}x speedup over torch.compile is reported only if it holds")),
                                timings=timings, environment=environment, details=details)
             for row in timings:
                 if row["implementation"] == "candidate" and row["shape"] == "main":
                     row["median_ms"] = max(first, second)  # the slower of the two stands
             main = {t["implementation"]: t for t in timings if t["shape"] == "main"}
         details["device_turns"] = _sum_turns(turns)
-        if s.profile and device == "cuda" and (self.profile_if is None or self.profile_if(_speedup(main, "eager"))):
+        if s.profile and device == "cuda" and (self.profile_if is None or self.profile_if(speedup(main, "eager"))):
             details["ncu"] = self._profile(task, spec, job, source, turns)
             details["device_turns"] = _sum_turns(turns)
-        return Outcome(**base | dict(reason=_pass_reason(main, device)), timings=timings,
-                       speedup_vs_eager=_speedup(main, "eager"), speedup_vs_compile=_speedup(main, "compile"),
+        return Outcome(**base | dict(reason=pass_reason(main, device)), timings=timings,
+                       speedup_vs_eager=speedup(main, "eager"), speedup_vs_compile=speedup(main, "compile"),
                        environment=environment, details=details)
 
     def _candidate(self, task: Task, spec: dict, job: Path, source: Path, nbytes: int, wall: dict,
@@ -473,7 +472,7 @@ class Pipeline:
                                          resident_bytes=self._whole_budget(), server_prefix=prefix)
         except (TaskError, InfrastructureError) as e:
             return {"error": f"the profile run failed: {str(e)[:500]}"}
-        text = _read_text(logs[0], MAX_RESULT_BYTES) if logs else None
+        text = read_text(logs[0], MAX_RESULT_BYTES) if logs else None
         summary = evidence.ncu_summary(text) if text else {}
         if referee.get("status") != "ok" or run.returncode != 0 or not text or "error" in summary:
             tail = " ".join((run.stderr.strip() or text or "").splitlines()[-3:])[-500:]
@@ -621,26 +620,7 @@ def _python() -> str:
     return sys.executable
 
 
-MAX_RESULT_BYTES = 4 << 20
 NCU_PATHS = ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/ncu")
-
-
-def _read_text(path: Path, limit: int) -> str | None:
-    """A file the candidate could have written to: never follow a link, never block on a FIFO, never read more
-    than `limit` bytes. None if it is not a small regular file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        return os.read(fd, limit).decode(errors="replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _ceilings_key(environment: dict) -> str:
@@ -648,104 +628,3 @@ def _ceilings_key(environment: dict) -> str:
     return f"{environment.get('gpu')}|{environment.get('driver')}"
 
 
-def read_result(path: Path) -> dict | None:
-    """A result file's JSON object, or None."""
-    text = _read_text(path, MAX_RESULT_BYTES)
-    try:
-        data = json.loads(text) if text is not None else None
-    except (ValueError, RecursionError):  # a candidate can write JSON nested deeper than the parser's stack
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def resident_estimate(shapes: list[dict], device: str) -> int:
-    """Device bytes (host bytes on the CPU) one evaluation's referee and kernel server hold at once, from trusted
-    data only (the baselines' record of each shape's inputs and outputs): the referee's timing pool (a batch's
-    inputs and out buffers, sandbox/harness/referee.py) and its private copy of it (where inputs are drawn before
-    the window), on a GPU the arena the server's outputs are made in, the
-    float64 reference of one call (inputs and outputs widened), the L2 flush buffer, and each process's
-    allowance."""
-    from sandbox.harness.referee import arena_bytes, pool_bytes
-
-    largest = max((s["input_bytes"] + s["output_bytes"] for s in shapes), default=0)
-    pool = pool_bytes(device, shapes)
-    # On the CPU the server's outputs live in its own memory until copied: the batch's outputs once more.
-    outputs = arena_bytes(shapes) if device == "cuda" else pool
-    reference64 = 4 * largest
-    flush = 256 << 20 if device == "cuda" else 0
-    return 2 * pool + outputs + reference64 + flush + CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
-
-
-def _memory_budget(gpu: int | None) -> int | None:
-    """What the evaluations in flight on `gpu` may hold at once: MEMORY_BUDGET_FRACTION of its memory (NVML).
-    None (no bound) on the CPU, or where NVML cannot say."""
-    if gpu is None:
-        return None
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(gpu)).total
-    except Exception:  # noqa: BLE001 - no NVML here: evaluations are bounded by slots alone, as before
-        return None
-    return int(total * MEMORY_BUDGET_FRACTION)
-
-
-def _evaluation_gpus() -> int:
-    """This host's evaluation GPUs, each with a worker of its own sharing the host's memory: its GPUs (NVML) but
-    the model server's (APPLIANCE_LLM_GPU, as `optimize` and `doctor` read it); 1 where NVML cannot say."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-    except Exception:  # noqa: BLE001 - no NVML: this device is taken to be the host's only one
-        return 1
-    serving = os.environ.get("APPLIANCE_LLM_GPU", "").strip()
-    return max(1, count - (serving.isdigit() and int(serving) < count))
-
-
-# Numbers the referee reports beside the median: how it timed (batches, the round trip it took off, the cost of
-# its own copy of the inputs and read of the outputs, both taken off) and how many timed calls it checked.
-TIMING_EVIDENCE = ("batches", "calls_per_batch", "tiny_ms", "read_ms", "stage_ms", "checked_calls",
-                   "check_probability", "outputs_in_arena", "raw_window_ms", "energy_j_per_call", "avg_power_w")
-
-
-def _timing_rows(task: Task, prepared: dict, candidate: dict, device: str, ceilings: dict | None) -> list[dict]:
-    """A row per shape and implementation. Bytes per call: the manifest's, else the least the referee moved (the
-    inputs it made and the outputs it collected), so that `impossible` needs no manifest."""
-    rows = []
-    moved = {s["name"]: s["input_bytes"] + s["output_bytes"] for s in prepared["shapes"]}
-    for sh in prepared["shapes"]:
-        name = sh["name"]
-        flops, nbytes = task.work(sh["sizes"])
-        nbytes = nbytes or moved.get(name)
-        impls = {"candidate": candidate.get(name, {})} | prepared["timings"].get(name, {})
-        for impl, t in impls.items():
-            row = {"shape": name, "sizes": sh["sizes"], "implementation": impl, "device": device,
-                   "median_ms": t.get("median_ms"), "iqr_ms": t.get("iqr_ms"), "min_ms": t.get("min_ms"),
-                   "reps": t.get("reps"), "error": t.get("error"), "flops": flops, "bytes": nbytes}
-            row |= {k: t[k] for k in TIMING_EVIDENCE if isinstance(t.get(k), (int, float))}
-            if t.get("median_ms") and flops:
-                row["tflops"] = flops / t["median_ms"] / 1e9
-            if t.get("median_ms") and nbytes:
-                row["gbps"] = nbytes / t["median_ms"] / 1e6
-            row |= evidence.roofline(ceilings, flops, nbytes, task.manifest.dtype, t.get("median_ms"))
-            rows.append(row)
-    return rows
-
-
-def _speedup(main: dict, baseline: str) -> float | None:
-    cand, base = main.get("candidate", {}).get("median_ms"), main.get(baseline, {}).get("median_ms")
-    return base / cand if cand and base else None
-
-
-def _pass_reason(main: dict, device: str) -> str:
-    cand = main["candidate"]["median_ms"]
-    label = "" if device == "cuda" else " (CPU timing)"
-    parts = [f"correct on every shape and seed; main shape {cand:.4g} ms{label}"]
-    for b in ("eager", "compile"):
-        sp = _speedup(main, b)
-        if sp:
-            parts.append(f"{sp:.3g}x vs {b}")
-    return ", ".join(parts)

@@ -63,7 +63,7 @@ def test_ncu_command_never_touches_clocks():
 def test_without_a_manifest_the_bytes_the_referee_moved_make_impossible_checkable():
     """A bare KernelBench file gives no byte count: the rows take the least the referee moved (its inputs and the
     outputs it collected), and a time below that at the datasheet bandwidth is flagged."""
-    from appliance.evaluation.pipeline import _timing_rows
+    from appliance.evaluation.timings import timing_rows
     from appliance.tasks import load_task
     from tests.conftest import FIXTURES
 
@@ -73,7 +73,7 @@ def test_without_a_manifest_the_bytes_the_referee_moved_make_impossible_checkabl
     prepared = {"shapes": [{"name": "main", "sizes": dict(task.sizes), "input_bytes": moved // 2,
                             "output_bytes": moved // 2}],
                 "timings": {"main": {"eager": {"median_ms": 0.1}}}}
-    rows = _timing_rows(task, prepared, {"main": {"median_ms": 0.00014}}, "cuda", H200_LIKE)
+    rows = timing_rows(task, prepared, {"main": {"median_ms": 0.00014}}, "cuda", H200_LIKE)
     row = next(r for r in rows if r["implementation"] == "candidate")
     assert row["bytes"] == moved
     assert "exceed the GPU's memory bandwidth" in evidence.impossible(H200_LIKE, row["flops"], row["bytes"],

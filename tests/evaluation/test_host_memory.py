@@ -104,16 +104,16 @@ def test_a_gpu_workers_share_leaves_out_the_model_servers_gpu(monkeypatch):
     NVML: this host has no GPU to count.)"""
     import types
 
-    from appliance.evaluation.pipeline import _evaluation_gpus
+    from appliance.evaluation.residency import evaluation_gpus
 
     nvml = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 4)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.delenv("APPLIANCE_LLM_GPU", raising=False)
-    assert _evaluation_gpus() == 4
+    assert evaluation_gpus() == 4
     monkeypatch.setenv("APPLIANCE_LLM_GPU", "0")
-    assert _evaluation_gpus() == 3
+    assert evaluation_gpus() == 3
     monkeypatch.setenv("APPLIANCE_LLM_GPU", "7")  # not on this host (a remote model server)
-    assert _evaluation_gpus() == 4
+    assert evaluation_gpus() == 4
     nvml.nvmlDeviceGetCount = lambda: 1
     monkeypatch.setenv("APPLIANCE_LLM_GPU", "0")
-    assert _evaluation_gpus() == 1  # never below one
+    assert evaluation_gpus() == 1  # never below one

@@ -200,7 +200,7 @@ def test_out_of_memory_for_more_than_the_device_could_give_alone_is_not_retried(
 
 
 def test_resident_estimate_counts_the_timing_pool_the_outputs_and_the_float64_reference():
-    from appliance.evaluation.pipeline import CHECK_COMPARE_BYTES, PROCESS_ALLOWANCE_BYTES, resident_estimate
+    from appliance.evaluation.residency import CHECK_COMPARE_BYTES, PROCESS_ALLOWANCE_BYTES, resident_estimate
     from sandbox.harness.referee import ARENA_SLACK_BYTES, MAX_CALLS_PER_BATCH, TIMING_POOL_BYTES
 
     small = [{"name": "main", "input_bytes": 1000, "output_bytes": 400}, {"name": "odd", "input_bytes": 10,
