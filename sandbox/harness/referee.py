@@ -141,8 +141,9 @@ class Slots:
     before every call; the server copies outputs there when they are not in the arena). Registered with the server
     once, so that a "call" names only the set.
 
-    Inputs are drawn into a private copy of the pool (`fill`), which the server never maps, and made visible in one
-    copy (`stage`) only once the referee's clock runs: the server cannot compute on them ahead of the window."""
+    Inputs are drawn into a private copy of the pool's input span (`fill`), which the server never maps, and made
+    visible in one copy (`stage`) only once the referee's clock runs: the server cannot compute on them ahead of
+    the window."""
 
     def __init__(self, link: Link, device: str, name: str, sh: dict, count: int):
         import torch
@@ -151,23 +152,22 @@ class Slots:
 
         inputs, outputs, layout_kind = sh["example"], sh["outputs"], sh["shape"]["layout"]
         self.name, self.count, self.inputs, self.shape, self.outputs = name, count, inputs, sh["shape"], outputs
-        specs = []
-        for _ in range(count):
-            specs += [(str(a.dtype).removeprefix("torch."), tuple(a.shape), _strides(a.shape, layout_kind))
-                      for a in inputs if isinstance(a, torch.Tensor)]
-            specs += [(o["dtype"], tuple(o["shape"]), None) for o in outputs]
-        entries, nbytes = layout(specs)
+        in_specs = [(str(a.dtype).removeprefix("torch."), tuple(a.shape), _strides(a.shape, layout_kind))
+                    for a in inputs if isinstance(a, torch.Tensor)]
+        out_specs = [(o["dtype"], tuple(o["shape"]), None) for o in outputs]
+        # Every call's inputs first, then every call's out buffers: the inputs are one span, copied in one go.
+        entries, nbytes = layout(in_specs * count + out_specs * count)
+        n_in, n_out = len(in_specs), len(out_specs)
+        ins = [entries[i * n_in:(i + 1) * n_in] for i in range(count)]
+        outs = [entries[count * n_in + i * n_out:count * n_in + (i + 1) * n_out] for i in range(count)]
+        self.entries = list(zip(ins, outs))
+        inputs_end = max((e["offset"] + e["nbytes"] for e in entries[:count * n_in]), default=0)
         self.pool = Pool.create(device, max(nbytes, 1))
-        self.private = Pool.create(device, self.pool.nbytes)  # never exported: the server cannot map it
-        whole = {"dtype": "uint8", "shape": [self.pool.nbytes], "strides": None, "offset": 0}
-        self._shared_bytes, self._private_bytes = self.pool.tensor(whole), self.private.tensor(whole)
-        per = len(specs) // count
-        n_in = per - len(outputs)
-        self.entries = [(entries[i * per:i * per + n_in], entries[i * per + n_in:(i + 1) * per]) for i in range(count)]
-        self.views = [([self.pool.tensor(e) for e in ins], [self.pool.tensor(e) for e in outs])
-                      for ins, outs in self.entries]
-        self._drawn = [([self.private.tensor(e) for e in ins], [self.private.tensor(e) for e in outs])
-                       for ins, outs in self.entries]
+        self.private = Pool.create(device, max(inputs_end, 1))  # never exported: the server cannot map it
+        span = {"dtype": "uint8", "shape": [inputs_end], "strides": None, "offset": 0}
+        self._shared_inputs, self._private_inputs = self.pool.tensor(span), self.private.tensor(span)
+        self.views = [([self.pool.tensor(e) for e in i], [self.pool.tensor(e) for e in o]) for i, o in self.entries]
+        self._drawn = [[self.private.tensor(e) for e in i] for i, _ in self.entries]
         fd = self.pool.export_fd()
         try:
             link.ask({"op": "pool", "name": name, "nbytes": self.pool.nbytes}, Stage.LOAD, (fd,))
@@ -191,18 +191,19 @@ class Slots:
         return {"args": args, "outs": [{"pool": self.name, "entry": e} for e in outs]}
 
     def fill(self, i: int, args: list) -> None:
-        """Slot i's next inputs and poisoned out buffers, in the private copy: the server sees them at `stage`."""
+        """Slot i's next inputs, in the private copy (the server sees them at `stage`), and its out buffers
+        poisoned: a call that writes nothing leaves NaN / -1 (nothing secret: poisoned in place)."""
         import torch
 
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        for view, a in zip(self._drawn[i][0], tensors):
+        for view, a in zip(self._drawn[i], tensors):
             view.copy_(a)
-        for out in self._drawn[i][1]:
-            out.reshape(-1).view(torch.uint8).fill_(0xFF)  # poisoned: a call that writes nothing leaves NaN / -1
+        for out in self.views[i][1]:
+            out.reshape(-1).view(torch.uint8).fill_(0xFF)
 
     def stage(self) -> None:
-        """Every slot's drawn inputs and poison into the shared pool, in one copy (asynchronous on a GPU)."""
-        self._shared_bytes.copy_(self._private_bytes)
+        """Every slot's drawn inputs into the shared pool, in one copy (asynchronous on a GPU)."""
+        self._shared_inputs.copy_(self._private_inputs)
 
     def outs(self, i: int) -> list:
         return self.views[i][1]
@@ -215,7 +216,7 @@ class Slots:
 
     def close(self) -> None:
         self.views = self._drawn = []
-        self._shared_bytes = self._private_bytes = None
+        self._shared_inputs = self._private_inputs = None
         self.pool.close()
         self.private.close()
 
@@ -582,14 +583,8 @@ class Referee:
             self._batch(single, 1, {"tiny_ms": 0.0, "tiny_read_ms": 0.0, "stage_ms": None})  # (only sets K)
         set_bytes = sh["record"]["input_bytes"] + sh["record"]["output_bytes"]
         with device_turn():
-            cal = self._calibrate()
-            read_cap = None
-            cal["stage_ms"] = None  # (our copy of the inputs, per call: taken off as measured)
-            if calibration:  # the trusted server's fixed cost bounds what is taken off: a slow "tiny" earns nothing
-                cal["tiny_ms"] = min(cal["tiny_ms"], calibration["tiny_ms"])
-                read_cap = calibration["read_ms"]
-                # A server that slows our copy (its own work time-sliced into it) must not have that taken off.
-                cal["stage_ms"] = calibration.get("stage_ms", 0.0)
+            read_cap = calibration["read_ms"] if calibration else None
+            cal = self._calibrate(single, calibration)
             estimate, cycle = [], []  # ms of one call; ms of one whole single-call batch (inputs drawn, checked)
             for _ in range(3):
                 t0 = self.clock()
@@ -611,6 +606,7 @@ class Referee:
             calls = batches * per_batch
             p = 1 - MISS_PROBABILITY ** (1 / max(1.0, SKIP_FRACTION * calls)) if check else 0.0
             slots = self._slots(sh, "timing", per_batch)
+            cal = self._calibrate(slots, calibration)  # again, after a copy of these slots' inputs (as a batch)
             samples, reads, checked, self._launches, self._in_arena, self._raw = [], [], 0, math.inf, [], []
             self._staged = []
             for _ in range(batches):
@@ -636,11 +632,14 @@ class Referee:
         return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "stage_ms": staged,
                          "calls_per_batch": per_batch}
 
-    def _calibrate(self) -> dict:
-        """The fixed cost of one request, measured as a batch is timed (our device work first, then the server's
-        tiny kernel, then our read): on a GPU shared by two processes, the switch from our context to the
-        server's and back costs more than the round trip itself. Returns its median ms ("tiny_ms") and that of our
-        read of one tiny tensor ("tiny_read_ms", the fixed part of any read)."""
+    def _calibrate(self, slots: Slots, calibration: dict | None) -> dict:
+        """The fixed cost of one request, measured as a batch of `slots` is timed (our copy of its inputs and the L2
+        flush first, then the server's tiny kernel, then our read), our copy's own time taken off: on a GPU shared
+        by two processes, the switch from our context to the server's after our work costs more than the round
+        trip itself. Returns its median ms ("tiny_ms"), that of our read of one tiny tensor ("tiny_read_ms", the
+        fixed part of any read), and the cap on our copy ("stage_ms" per call, None: as measured). With the
+        trusted server's `calibration`, nothing taken off is more than beside it: a slow "tiny" earns nothing,
+        nor does a server that slows our copy (its own work time-sliced into it)."""
         import torch
 
         probe = [[torch.zeros(1, dtype=torch.int64, device=self.device)]]
@@ -648,15 +647,20 @@ class Referee:
         for _ in range(CALIBRATION_ROUNDS):
             self.sync()
             t0 = self.clock()
-            self._flush()  # in the window, as in a batch (after our copy of the inputs there)
+            staged = self._stage(slots)
+            self._flush()
             self.sync()
             self.link.ask({"op": "tiny"}, Stage.TIMING)
             _checksums(probe)
             t1 = self.clock()
             _checksums(probe)
-            windows.append((t1 - t0) * 1e3)
+            windows.append((t1 - t0) * 1e3 - staged)
             reads.append((self.clock() - t1) * 1e3)
-        return {"tiny_ms": statistics.median(windows), "tiny_read_ms": statistics.median(reads)}
+        cal = {"tiny_ms": statistics.median(windows), "tiny_read_ms": statistics.median(reads), "stage_ms": None}
+        if calibration:
+            cal["tiny_ms"] = min(cal["tiny_ms"], calibration["tiny_ms"])
+            cal["stage_ms"] = calibration.get("stage_ms", 0.0)
+        return cal
 
     def _batch(self, slots: Slots, k: int, cal: dict, p: float = 0.0, read_cap_ms: float | None = None,
                energy: list | None = None):
