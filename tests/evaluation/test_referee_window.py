@@ -122,3 +122,24 @@ def test_the_clock_runs_before_a_timed_batchs_inputs_reach_the_server(session):
     assert per_call >= 0.0
     assert referee._staged and referee._staged[-1] > 0.0  # our copy was timed, inside the window
     slots.close()
+
+
+def test_what_is_taken_off_a_candidates_window_is_never_more_than_beside_the_trusted_server(session):
+    """The trusted server's calibration caps the fixed cost, our copy and our read taken off, and its batch size
+    is the least K: a server that dawdles in the calibration or in its estimate calls gains nothing by it."""
+    referee, server, sh = session
+    trusted = {"tiny_ms": 1e-4, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 60}
+    summary, _ = referee._timed(sh, check=False, calibration=trusted)
+    assert summary["tiny_ms"] == pytest.approx(1e-4)  # our own measured round trip is larger: the cap holds
+    assert summary["calls_per_batch"] >= 60  # more than its own estimate asks for on this small shape
+    # Nothing but the cap came off: each batch's window per call is its median plus at most the caps' share.
+    assert summary["median_ms"] >= summary["raw_window_ms"] - 1e-4 - 1e-9
+    uncalibrated, _ = referee._timed(sh, check=False, calibration=dict(_uncalibrated()))
+    assert uncalibrated["tiny_ms"] == 0.0
+    assert uncalibrated["median_ms"] >= uncalibrated["raw_window_ms"] - 1e-9
+
+
+def _uncalibrated() -> dict:
+    from sandbox.harness.referee import UNCALIBRATED
+
+    return UNCALIBRATED
