@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The referee's GPU call: a smoke evaluation, the GPU tests, then the measurement table (referee vs do_bench, CV).
-#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small]   (default: all; output under $OUT)
+#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite]   (default: all; output under $OUT)
 set -uo pipefail
-parts=",${1:-smoke,tests,measure,measure_small},"  # (commas round every part: "measure" is not "measure_small")
+parts=",${1:-smoke,tests,measure,measure_small,suite},"  # (commas round every part: "measure" is not "measure_small")
 out=${OUT:-/tmp/referee-gpu}; mkdir -p "$out"
 source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
@@ -33,4 +33,9 @@ fi
 if [[ $parts == *,measure_small,* ]]; then
   timeout ${SMALL_S:-300} python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats 10 \
     2>"$out/measure_small.err" | tail -4
+fi
+if [[ $parts == *,suite,* ]]; then  # evaluations per GPU-hour: the tuner on rmsnorm, beside the naive harness
+  timeout ${SUITE_S:-330} python3 benchmarks/optimize_suite.py --tasks rmsnorm --max-candidates 1000 \
+    --max-wall ${SUITE_WALL:-240} --in-flight 16 --out /dev/shm/suite ${SUITE_NAIVE:---compare-naive --naive-max 5} \
+    2>"$out/suite.err" | tail -6
 fi

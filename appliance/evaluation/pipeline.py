@@ -25,7 +25,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypedDict
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation import evidence
@@ -34,7 +34,7 @@ from appliance.evaluation.job_folders import JobFolder, remove_tree
 from appliance.evaluation.records import MAX_RESULT_BYTES, read_result, read_text
 from appliance.evaluation.residency import evaluation_gpus, memory_budget, resident_estimate
 from appliance.evaluation.timings import pass_reason, speedup, timing_rows
-from appliance.evaluation.verdicts import host_out_of_memory, library_fallback, verdict_of
+from appliance.evaluation.verdicts import Rejection, host_out_of_memory, library_fallback, verdict_of
 from appliance.tasks import RebuiltTasks, Task
 from sandbox.gate import DeviceGate
 from sandbox.jail import Jail, JailResult, JailUnavailable
@@ -62,6 +62,36 @@ class EvalSettings:
     host_memory_bytes: int | None = None
 
 
+class Details(TypedDict, total=False):
+    """What an Outcome's details hold (stored as JSON with the evaluation). Evidence, from trusted processes only:"""
+
+    backends: list[str]  # what the candidate's source uses (Triton, load_inline, CuPy)
+    shapes: list[dict]  # the baselines' record of each shape: sizes, inputs' and outputs' bytes, the reference's ops
+    wall_s: dict[str, float]  # seconds per process of this evaluation
+    gpu_index: int | None
+    host_memory: dict  # what it held of the host-memory budget, and waited for it
+    device_turns: dict  # its turns on the device: held, waited, joules, per process
+    device_gate: dict  # the device's states so far
+    jail: dict  # the kernel server's limits and the limit events seen
+    stage_s: dict  # the referee's seconds per stage (and the baselines' when this evaluation prepared them)
+    cases: list[dict]  # the correctness cases the referee checked
+    provenance: dict  # own launches and ATen ops: reported by the server, a policy check on honest output
+    evidence: dict  # launches per call, roofline fraction, energy per call, the GPU's ceilings
+    rejected_by: str  # the check that made the verdict (Rejection.check): referee, jail, library_fallback, ...
+    retried_alone: str  # why it was run again with the device to itself (out of device memory beside others)
+    second_measurement: dict  # a large speedup measured again
+    ncu: dict  # Nsight Compute's summary of one call
+    # Untrusted artifacts: text the candidate's process produced. Shown to people and fed to proposers only
+    # bounded and fenced as untrusted output (appliance/proposers/untrusted.py); never read as evidence.
+    candidate_stderr: str
+    traceback: str
+    line: int
+    type: str
+
+
+UNTRUSTED_DETAILS = ("candidate_stderr", "traceback", "line", "type")
+
+
 @dataclass
 class Outcome:
     verdict: str  # "pass" or a failure kind
@@ -75,7 +105,7 @@ class Outcome:
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
     environment: dict = field(default_factory=dict)
-    details: dict = field(default_factory=dict)
+    details: Details = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -269,7 +299,8 @@ class Pipeline:
             prepared_dir.mkdir()
             prepared = self._prepare(task, device, mode, prepared_dir, wall, turns)
         environment = prepared["environment"]
-        details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall, "gpu_index": self.jail.gpu}
+        details: Details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall,
+                            "gpu_index": self.jail.gpu}
         resident = resident_estimate(prepared["shapes"], device)
         host_bytes = evaluation_bytes(resident, device, outputs_in_memory=device == "cpu")  # CPU pools: memfds
         waited = held.enter_context(self.host_memory.hold(host_bytes))
@@ -298,22 +329,19 @@ class Pipeline:
         if failure and (why := host_out_of_memory(run, failure)):
             raise InfrastructureError(why)
         if failure:
-            verdict, stage, reason = failure
+            reason = failure.reason
             if "retried_alone" in details:
                 reason += (" (retried alone after running out of memory beside other evaluations: it also "
                            "failed with the device to itself)")
             untrusted = referee.get("untrusted") or {}
-            details.update({k: untrusted[k] for k in ("traceback", "line", "type") if untrusted.get(k)})
+            details.update({k: untrusted[k] for k in UNTRUSTED_DETAILS if k != "candidate_stderr" and untrusted.get(k)})
+            details["rejected_by"] = failure.check
             reason = reason.replace("candidate.py line", f"{candidate_path} line")
-            return Outcome(**base | dict(verdict=verdict, stage=stage, reason=reason),
+            return Outcome(**base | dict(verdict=failure.verdict, stage=failure.stage, reason=reason),
                            environment=environment, details=details)
 
+        # 3. The referee passed it: the checks of its record, in order (the first that fires names the verdict).
         details["provenance"] = referee.get("provenance", {})
-        fallback = library_fallback(details["provenance"], prepared["shapes"][0].get("ops", []), referee["timings"])
-        if fallback:
-            return Outcome(**base | dict(verdict="library_fallback", stage="correctness", reason=fallback),
-                           environment=environment, details=details)
-
         ceilings = self._device_ceilings(job, environment, turns) if device == "cuda" else None
         usable = ceilings if ceilings and "measured" in ceilings else None  # not when measuring them failed
         timings = timing_rows(task, prepared, referee["timings"], device, usable)
@@ -321,33 +349,15 @@ class Pipeline:
         details["evidence"] = {"launches_per_call": details["provenance"].get("own_launches"),
                                "roofline_fraction": main_row.get("roofline_fraction"),
                                "energy_j_per_call": main_row.get("energy_j_per_call"), "ceilings": ceilings}
-        for row in (t for t in timings if t["implementation"] == "candidate"):
-            where = f" at shape {row['shape']}"
-            if why := evidence.impossible(usable, row.get("flops"), row.get("bytes"), task.manifest.dtype,
-                                          row["median_ms"]):
-                return Outcome(**base | dict(verdict="impossible", stage="timing", reason=why + where),
+        passed = Passed(task, prepared, referee, timings, usable, details, lambda: self._candidate(
+            task, spec, job, source, resident, wall, turns, details))
+        for check in (_library_fallback, _impossible, self._holds_when_measured_again):
+            if rejection := check(passed):
+                details["rejected_by"] = rejection.check
+                return Outcome(**base | dict(verdict=rejection.verdict, stage=rejection.stage,
+                                             reason=rejection.reason),
                                timings=timings, environment=environment, details=details)
         main = {t["implementation"]: t for t in timings if t["shape"] == "main"}
-        if (speedup(main, "compile") or 0) > RECHECK_SPEEDUP:
-            # Measured once more, by a fresh referee and server: a speedup this large is reported only if it holds.
-            again, run2 = self._candidate(task, spec, job, source, resident, wall, turns, details)
-            second = (again.get("timings") or {}).get("main", {}).get("median_ms")
-            details["second_measurement"] = {"status": again.get("status"), "median_ms": second}
-            if verdict_of(again, run2, s.candidate_timeout_s) or not second:
-                return Outcome(**base | dict(verdict="timing_mismatch", stage="timing", reason=(
-                    f"a {speedup(main, 'compile'):.3g}x speedup over torch.compile did not hold when measured again "
-                    f"({str(again.get('verdict') or again.get('status'))[:60]})")),
-                               timings=timings, environment=environment, details=details)
-            first = main["candidate"]["median_ms"]
-            if second > RECHECK_AGREEMENT * first:
-                return Outcome(**base | dict(verdict="timing_mismatch", stage="timing", reason=(
-                    f"measured again, the main shape took {second:.4g} ms instead of {first:.4g} ms: a "
-                    f"{speedup(main, 'compile'):.3g}x speedup over torch.compile is reported only if it holds")),
-                               timings=timings, environment=environment, details=details)
-            for row in timings:
-                if row["implementation"] == "candidate" and row["shape"] == "main":
-                    row["median_ms"] = max(first, second)  # the slower of the two stands
-            main = {t["implementation"]: t for t in timings if t["shape"] == "main"}
         details["device_turns"] = _sum_turns(turns)
         if s.profile and device == "cuda" and (self.profile_if is None or self.profile_if(speedup(main, "eager"))):
             details["ncu"] = self._profile(task, spec, job, source, turns)
@@ -355,6 +365,28 @@ class Pipeline:
         return Outcome(**base | dict(reason=pass_reason(main, device)), timings=timings,
                        speedup_vs_eager=speedup(main, "eager"), speedup_vs_compile=speedup(main, "compile"),
                        environment=environment, details=details)
+
+    def _holds_when_measured_again(self, passed: Passed) -> Rejection | None:
+        """A speedup over torch.compile past RECHECK_SPEEDUP is measured once more, by a fresh referee and server,
+        and reported only if it holds; the slower of the two times stands."""
+        main = {t["implementation"]: t for t in passed.timings if t["shape"] == "main"}
+        if (speedup(main, "compile") or 0) <= RECHECK_SPEEDUP:
+            return None
+        again, run2 = passed.measure_again()
+        second = (again.get("timings") or {}).get("main", {}).get("median_ms")
+        passed.details["second_measurement"] = {"status": again.get("status"), "median_ms": second}
+        if verdict_of(again, run2, self.settings.candidate_timeout_s) or not second:
+            return Rejection("timing_mismatch", "timing", (
+                f"a {speedup(main, 'compile'):.3g}x speedup over torch.compile did not hold when measured again "
+                f"({str(again.get('verdict') or again.get('status'))[:60]})"), "measured_again")
+        first = main["candidate"]["median_ms"]
+        if second > RECHECK_AGREEMENT * first:
+            return Rejection("timing_mismatch", "timing", (
+                f"measured again, the main shape took {second:.4g} ms instead of {first:.4g} ms: a "
+                f"{speedup(main, 'compile'):.3g}x speedup over torch.compile is reported only if it holds"),
+                "measured_again")
+        main["candidate"]["median_ms"] = max(first, second)  # (the row itself: the slower of the two stands)
+        return None
 
     def _candidate(self, task: Task, spec: dict, job: Path, source: Path, nbytes: int, wall: dict,
                    turns: list[dict], details: dict) -> tuple[dict, JailResult]:
@@ -599,6 +631,36 @@ def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: 
         remove_tree(job)
     outcome.reason = outcome.reason.replace(str(path), display_path)
     return outcome
+
+
+@dataclass
+class Passed:
+    """What the checks after a referee's pass look at: the task, the baselines' record, the referee's record, the
+    timing rows (a check may amend them), the GPU's ceilings, the outcome's details, and a fresh measurement."""
+
+    task: Task
+    prepared: dict
+    referee: dict
+    timings: list[dict]
+    ceilings: dict | None
+    details: dict
+    measure_again: Callable[[], tuple[dict, JailResult]]
+
+
+def _library_fallback(passed: Passed) -> Rejection | None:
+    why = library_fallback(passed.details["provenance"], passed.prepared["shapes"][0].get("ops", []),
+                           passed.referee["timings"])
+    return Rejection("library_fallback", "correctness", why, "library_fallback") if why else None
+
+
+def _impossible(passed: Passed) -> Rejection | None:
+    """A time below what the work needs at the GPU's measured ceilings (the manifest's work per call, else the
+    bytes the referee moved): evidence.impossible."""
+    for row in (t for t in passed.timings if t["implementation"] == "candidate"):
+        if why := evidence.impossible(passed.ceilings, row.get("flops"), row.get("bytes"),
+                                      passed.task.manifest.dtype, row["median_ms"]):
+            return Rejection("impossible", "timing", f"{why} at shape {row['shape']}", "impossible")
+    return None
 
 
 def _sum_turns(turns: list[dict]) -> dict:

@@ -15,11 +15,11 @@ CHECK_COMPARE_BYTES = 1 << 30  # the comparison's float64 temporaries (sandbox/h
 def resident_estimate(shapes: list[dict], device: str) -> int:
     """Device bytes (host bytes on the CPU) one evaluation's referee and kernel server hold at once, from trusted
     data only (the baselines' record of each shape's inputs and outputs): the referee's timing pool (a batch's
-    inputs and out buffers, sandbox/harness/referee.py) and its private copy of it (where inputs are drawn before
+    inputs and out buffers, sandbox/harness/referee.py) and its private copy of the inputs (drawn there before
     the window), on a GPU the arena the server's outputs are made in, the
     float64 reference of one call (inputs and outputs widened), the L2 flush buffer, and each process's
     allowance."""
-    from sandbox.harness.referee import arena_bytes, pool_bytes
+    from sandbox.harness.referee import arena_bytes, pool_bytes, private_bytes
 
     largest = max((s["input_bytes"] + s["output_bytes"] for s in shapes), default=0)
     pool = pool_bytes(device, shapes)
@@ -27,7 +27,7 @@ def resident_estimate(shapes: list[dict], device: str) -> int:
     outputs = arena_bytes(shapes) if device == "cuda" else pool
     reference64 = 4 * largest
     flush = 256 << 20 if device == "cuda" else 0
-    return 2 * pool + outputs + reference64 + flush + CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
+    return pool + private_bytes(device, shapes) + outputs + reference64 + flush + CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
 
 
 def memory_budget(gpu: int | None) -> int | None:

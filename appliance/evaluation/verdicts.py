@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import re
 import signal
+from typing import NamedTuple
 
 from sandbox.jail import JailResult
 
 
-def verdict_of(referee: dict, run: JailResult, timeout: float) -> tuple[str, str, str] | None:
-    """(verdict, stage, reason) of a candidate from the referee's record and the server's jail, or None for a pass.
+class Rejection(NamedTuple):
+    """A candidate's verdict, the stage it reached, the specific reason, and the check that made it (stored with
+    the outcome as details["rejected_by"], so a verdict always says which check fired)."""
+
+    verdict: str
+    stage: str
+    reason: str
+    check: str
+
+
+def verdict_of(referee: dict, run: JailResult, timeout: float) -> Rejection | None:
+    """The rejection of a candidate from the referee's record and the server's jail, or None for a pass.
     A limit that bit explains the server's end; otherwise the referee's verdict stands."""
     status = referee.get("status")
     if status == "ok":
@@ -23,14 +34,20 @@ def verdict_of(referee: dict, run: JailResult, timeout: float) -> tuple[str, str
         untrusted = referee.get("untrusted") or {}
         limited = _candidate_failure(run, {"status": "failed", "stage": stage, "reason": referee.get("reason", ""),
                                            "traceback": untrusted.get("traceback", "")}, timeout, limits_only=True)
-        return limited or (str(referee["verdict"]), stage, str(referee.get("reason", ""))[:6000])
+        return limited or Rejection(str(referee["verdict"]), stage, str(referee.get("reason", ""))[:6000], "referee")
     # The server went away: its jail says why.
-    return _candidate_failure(run, {"status": "running", "stage": stage}, timeout) or (
-        "crashed", stage, f"the kernel server stopped answering: {str(referee.get('reason'))[:300]}")
+    return _candidate_failure(run, {"status": "running", "stage": stage}, timeout) or Rejection(
+        "crashed", stage, f"the kernel server stopped answering: {str(referee.get('reason'))[:300]}", "jail")
 
 
 def _candidate_failure(run: JailResult, result: dict | None, timeout: float,
-                       limits_only: bool = False) -> tuple[str, str, str] | None:
+                       limits_only: bool = False) -> Rejection | None:
+    said = _jail_says(run, result, timeout, limits_only)
+    return Rejection(*said, "jail") if said else None
+
+
+def _jail_says(run: JailResult, result: dict | None, timeout: float,
+               limits_only: bool = False) -> tuple[str, str, str] | None:
     """What the server's jail says of its end: a limit that bit, a timeout, a signal; with `limits_only`, only a
     limit (a verdict the referee made from what the server said may be a limit's effect: a MemoryError, a failed
     fork)."""
@@ -85,7 +102,7 @@ def _candidate_failure(run: JailResult, result: dict | None, timeout: float,
 _NPROC_WORDS = re.compile(r"BlockingIOError|Resource temporarily unavailable|can't start new thread|EAGAIN")
 
 
-def host_out_of_memory(run: JailResult, failure: tuple[str, str, str]) -> str | None:
+def host_out_of_memory(run: JailResult, failure: Rejection) -> str | None:
     """Why a candidate's crash is the host's doing: killed by SIGKILL, which no limit of ours sent (a cgroup's
     OOM kill is `memory_limit`, a timeout `timeout`), while the kernel's OOM killer fired on a host whose jobs run
     without cgroups: the host ran short of memory (everything in flight allocates), and the candidate was its

@@ -13,15 +13,15 @@ over an AF_UNIX socket, with buffers shared between the two (sandbox/harness/sha
 
 What a candidate's process says is never believed. For each call the referee draws fresh inputs from the task's
 get_inputs() under a secret seed into memory of its own, which the server cannot map. Only once its clock runs does
-it copy them into the shared buffers (poisoning the out buffers in the same copy), flush the L2 (GPU) and send
+it copy them into the shared buffers (the out buffers are poisoned beforehand), flush the L2 (GPU) and send
 "call": inputs the server can see before the clock starts would let it do the work ahead of the window. The copy is
-timed on our own stream and taken off, never more than beside the trusted server. On a GPU the server's calls allocate from an arena the referee owns
-(sandbox/harness/arena.py), so outputs are born where the referee reads them and nothing is copied; the server
-says where each one is, and the referee checks every place (inside the arena, aligned, no two calls' outputs
-sharing a byte). On the CPU outputs are copied into the out buffers inside the call.
+timed on our own stream and taken off, never more than beside the trusted server. On a GPU the server's calls
+allocate from an arena the referee owns (sandbox/harness/arena.py), so outputs are born where the referee reads them
+and nothing is copied; the server says where each one is, and the referee checks every place (inside the arena,
+aligned, no two calls' outputs sharing a byte). On the CPU outputs are copied into the out buffers inside the call.
 
-A batch of K calls is timed by the referee's clock from the request until it has read every byte of the outputs
-itself. Taken off: our copy of the inputs, the calibrated fixed cost of a request (a tiny kernel's round trip,
+A batch of K calls is timed by the referee's clock from before that copy until it has read every byte of the
+outputs itself. Taken off: our copy of the inputs, the calibrated fixed cost of a request (a tiny kernel's round trip,
 measured after the same device work of ours as a batch: on a GPU shared by two processes the switch between their
 contexts costs more than the round trip), and our own read of the outputs; each never more than beside the trusted
 server.
@@ -61,7 +61,8 @@ TIMING_POOL_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}  # a timed batch's inputs 
 # more); the referee holds a private copy of the same size, where the inputs are drawn before the window
 ARENA_SLACK_BYTES = 256 << 20  # of the arena, beyond twice the outputs of the largest batch: the calls' workspace
 CALIBRATION_ROUNDS = 21
-UNCALIBRATED = {"tiny_ms": 0.0, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 1}  # no trusted calibration: nothing taken off
+# No trusted calibration: nothing taken off.
+UNCALIBRATED = {"tiny_ms": 0.0, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 1}
 SPIN_S = 0.05  # the referee polls this long for an answer before it blocks (GPU; see protocol.receive)
 ENERGY_WINDOW_S, ENERGY_MAX_BATCHES = 0.1, 30  # energy: calls over at least this long, or this many batches
 SETTLE_S = 0.02  # between an answer and the second look at its outputs
@@ -321,15 +322,23 @@ def arena_bytes(records: list[dict]) -> int:
     its outputs copied. GPU only."""
     need = 0
     for r in records:
-        k = min(MAX_CALLS_PER_BATCH, _calls_that_fit("cuda", r["input_bytes"] + r["output_bytes"]))
-        need = max(need, 2 * k * r["output_bytes"])
+        need = max(need, 2 * _calls_per_batch_at_most("cuda", r) * r["output_bytes"])
     return need + ARENA_SLACK_BYTES
+
+
+def _calls_per_batch_at_most(device: str, record: dict) -> int:
+    return min(MAX_CALLS_PER_BATCH, _calls_that_fit(device, record["input_bytes"] + record["output_bytes"]))
 
 
 def pool_bytes(device: str, records: list[dict]) -> int:
     """The largest timed batch's pool (its inputs and out buffers), from the shapes' records."""
-    sets = [r["input_bytes"] + r["output_bytes"] for r in records]
-    return max((s * min(MAX_CALLS_PER_BATCH, _calls_that_fit(device, s)) for s in sets), default=0)
+    return max(((r["input_bytes"] + r["output_bytes"]) * _calls_per_batch_at_most(device, r) for r in records),
+               default=0)
+
+
+def private_bytes(device: str, records: list[dict]) -> int:
+    """The largest timed batch's inputs, as the referee draws them in memory of its own before the window."""
+    return max((r["input_bytes"] * _calls_per_batch_at_most(device, r) for r in records), default=0)
 
 
 def _strides(shape, layout_kind: str) -> tuple[int, ...] | None:

@@ -207,15 +207,16 @@ def test_resident_estimate_counts_the_timing_pool_the_outputs_and_the_float64_re
                                                                              "output_bytes": 4}]
     pool = MAX_CALLS_PER_BATCH * 1400  # the largest set, as many times as a batch has calls
     fixed = CHECK_COMPARE_BYTES + 2 * PROCESS_ALLOWANCE_BYTES
-    # The pool and the referee's private copy of it; CPU: the server's outputs before they are copied, once more
-    # the pool; GPU: the arena (outputs twice, and workspace) and the L2 flush buffer.
-    assert resident_estimate(small, "cpu") == 3 * pool + 4 * 1400 + fixed
+    private = MAX_CALLS_PER_BATCH * 1000  # the referee's own copy of the batch's inputs
+    # CPU: the server's outputs before they are copied, once more the pool; GPU: the arena (outputs twice, and
+    # workspace) and the L2 flush buffer.
+    assert resident_estimate(small, "cpu") == 2 * pool + private + 4 * 1400 + fixed
     arena = 2 * MAX_CALLS_PER_BATCH * 400 + ARENA_SLACK_BYTES
-    assert resident_estimate(small, "cuda") == 2 * pool + arena + 4 * 1400 + (256 << 20) + fixed
+    assert resident_estimate(small, "cuda") == pool + private + arena + 4 * 1400 + (256 << 20) + fixed
     big = [{"name": "main", "input_bytes": 8 << 30, "output_bytes": 1 << 30}]  # one set past the pool's bound
     assert TIMING_POOL_BYTES["cuda"] < 9 << 30
-    assert resident_estimate(big, "cuda") == 2 * (9 << 30) + (2 << 30) + ARENA_SLACK_BYTES + 4 * (9 << 30) + \
-        (256 << 20) + fixed
+    assert resident_estimate(big, "cuda") == (9 << 30) + (8 << 30) + (2 << 30) + ARENA_SLACK_BYTES + \
+        4 * (9 << 30) + (256 << 20) + fixed
 
 
 def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone(tmp_path):

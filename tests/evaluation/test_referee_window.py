@@ -2,9 +2,9 @@
 the referee's clock runs, so nothing can be computed on them ahead of the window (a server that reads the shared
 pool while the referee draws the next batch's inputs would otherwise have the answers ready before the request).
 
-Driven with the real referee and the real kernel server's code over a socket pair, on the CPU and the GPU. The server runs in
-a thread of the test and serves the task's own Model (trusted code: the referee runs it too), so the test can look
-at the pool through the server's own mapping, at the moment the referee's clock is read."""
+Driven with the real referee and the real kernel server's code over a socket pair, on the CPU and the GPU. The
+server runs in a thread of the test and serves the task's own Model (trusted code: the referee runs it too), so the
+test can look at the pool through the server's own mapping, at the moment the referee's clock is read."""
 
 from __future__ import annotations
 
