@@ -163,7 +163,30 @@ def _outcome_json(o: Outcome, evaluation_id: int, run_id: int) -> dict:
         "speedup_vs_eager": o.speedup_vs_eager, "speedup_vs_compile": o.speedup_vs_compile,
         "timings": o.timings, "environment": o.environment, "evaluation_id": evaluation_id, "run_id": run_id,
         "wall_s": o.details.get("wall_s"), "evidence": o.details.get("evidence"), "ncu": o.details.get("ncu"),
+        "shapes": checked_shapes(o.details), "dropped_shapes": o.details.get("dropped_shapes", []),
     }
+
+
+def checked_shapes(details: dict) -> list[dict]:
+    """The shapes an evaluation checked: sizes, inputs, where each came from (the file, the manifest, derived)."""
+    keys = ("name", "sizes", "origin", "distribution", "layout", "timed")
+    return [{k: s.get(k) for k in keys} for s in (details or {}).get("shapes") or []]
+
+
+def _print_shapes(details: dict) -> None:
+    shapes, dropped = checked_shapes(details), (details or {}).get("dropped_shapes") or []
+    if not shapes and not dropped:
+        return
+    table = Table(title="Shapes checked (derived ones: correctness only)")
+    for col in ("shape", "sizes", "inputs", "layout", "from"):
+        table.add_column(col)
+    for s in shapes:
+        table.add_row(str(s["name"]), ", ".join(f"{k}={v}" for k, v in (s["sizes"] or {}).items()),
+                      str(s["distribution"] or "default"), str(s["layout"] or "contiguous"), str(s["origin"] or ""))
+    for d in dropped:
+        table.add_row(str(d.get("name")), ", ".join(f"{k}={v}" for k, v in (d.get("sizes") or {}).items()), "", "",
+                      f"dropped: the task's Model cannot run it ({str(d.get('reason'))[:120]})")
+    out.print(table)
 
 
 def _ms(value: float | None, iqr: float | None = None) -> str:
@@ -182,6 +205,7 @@ def _print_outcome(o: Outcome, evaluation_id: int) -> None:
                  + ("" if o.memory_limited else "  [bold red]NO MEMORY LIMIT[/]"))
     head.add_row("stored", f"evaluation {evaluation_id}")
     out.print(head)
+    _print_shapes(o.details)
     if o.timings:
         _print_timings(o.timings, o.device)
 
@@ -750,6 +774,7 @@ def show(
         head.add_row(key, str(data[key]))
     head.add_row("environment", ", ".join(f"{k}={v}" for k, v in (ev.environment or {}).items()))
     out.print(head)
+    _print_shapes(ev.details or {})
     if timings:
         _print_timings(data["timings"], ev.device)
 

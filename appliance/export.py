@@ -20,6 +20,7 @@ from appliance.db import Store, Timing
 from appliance.errors import ApplianceError
 from appliance.review import Winner, convergence, lineage, winner
 from appliance.tasks import Manifest, Task
+from sandbox.harness.compare import PRECISION_FACTOR, UNIT_ROUNDOFF
 
 # What a passing verdict rules out (README "Verdicts"): each is checked on every evaluation; GPU-only ones are marked.
 GATE_CHECKS = [
@@ -200,9 +201,11 @@ def _report(store: Store, run, task_row, won: Winner, timings: list[Timing], pat
     task = Task(path=Path(task_row.path), source=task_row.source, sizes={}, manifest=manifest)
     dtypes = sorted({o.get("dtype") for s in ev.details.get("shapes") or [] for o in s.get("outputs", [])} - {None})
     tolerances = task.tolerances()
-    report.table(["dtype", "atol", "rtol"],
-                 [[d, tolerances[d]["atol"], tolerances[d]["rtol"]] for d in (dtypes or sorted(tolerances))
-                  if d in tolerances])
+    tied = (f"precision-tied: within {PRECISION_FACTOR:g}x the task Model's own error in its dtype, plus roundoff "
+            "(sandbox/harness/compare.py)")
+    report.table(["dtype", "bound"],
+                 [[d, f"atol {tolerances[d]['atol']:g}, rtol {tolerances[d]['rtol']:g} (manifest)" if d in tolerances
+                   else (tied if d in UNIT_ROUNDOFF else "exact")] for d in (dtypes or sorted(tolerances))])
     report.table(["shape", "input shapes", "distribution", "layout"], _shape_rows(ev.details, manifest))
     report.table(["shape", "seed", "result"], [[case.get("shape"), case.get("seed"), case.get("kind")]
                                                for case in cases])

@@ -24,7 +24,6 @@ from appliance import parsing
 from appliance.errors import TaskError
 
 FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
-DEFAULT_TOLERANCE = {"float64": 1e-7, "float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
 BACKENDS = ("triton", "cuda", "cupy")
 MODES = ("small", "full")
 
@@ -34,7 +33,7 @@ class _Strict(BaseModel):
 
 
 class Distribution(_Strict):
-    kind: Literal["default", "uniform", "randn", "scaled", "outliers"] = "default"
+    kind: Literal["default", "uniform", "randn", "scaled", "outliers", "nonfinite"] = "default"
     scale: float = 100.0
     fraction: float = Field(0.001, gt=0, le=1)
 
@@ -89,12 +88,57 @@ class Manifest(_Strict):
 
 @dataclass(frozen=True)
 class Shape:
-    """One concrete shape to check and time: module-level size overrides plus input settings."""
+    """One concrete shape to check and time: module-level size overrides plus input settings, and where it came
+    from. A derived shape (no manifest) is checked for correctness only, never timed."""
 
     name: str
     sizes: dict[str, int]
     distribution: dict[str, Any]
     layout: str
+    origin: str = "the task file's sizes"
+    timed: bool = True
+
+    def describe(self) -> str:
+        """One line for people and prompts: name, sizes, inputs, layout, where it came from."""
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items()) or "no sizes"
+        return (f"{self.name}: {sizes}; inputs {self.distribution.get('kind', 'default')}, {self.layout}; "
+                f"{self.origin}{'' if self.timed else ' (correctness only)'}")
+
+
+DERIVED_FROM = 16  # module-level ints below this are kept as they are: mostly axes, kernel sizes, strides, counts,
+# whose change would change the problem rather than its shape
+
+
+def odd_size(n: int) -> int:
+    """An odd value next to n (no odd value above 1 is a power of two): a kernel that assumes a multiple of its
+    block, or a power of two, meets a size that is neither."""
+    return n if n < DERIVED_FROM or n % 2 else n - 1
+
+
+def smaller_size(n: int) -> int:
+    """An odd value near a quarter of n: another size altogether, cheap to check."""
+    return n if n < DERIVED_FROM else (n // 4) | 1
+
+
+def derived_shapes(sizes: dict[str, int], distribution: dict[str, Any]) -> list[Shape]:
+    """What a bare KernelBench file (no manifest) is checked at beside its own sizes, derived from its module-level
+    integer sizes. Each size maps by its value alone, so sizes that are equal in the file stay equal (a square
+    matmul's M and K, a width shared by two inputs). The reference runs each first; a shape it cannot run is
+    dropped and listed with the reason (sandbox/harness/referee.py)."""
+    odd = {k: odd_size(v) for k, v in sizes.items()}
+    small = {k: smaller_size(v) for k, v in sizes.items()}
+    dist = {"scale": 100.0, "fraction": 0.001}
+
+    def shape(name, sz, kind, layout, origin):
+        return Shape(name, sz, distribution if kind is None else {"kind": kind, **dist}, layout,
+                     f"derived: {origin}", timed=False)
+
+    return [shape("odd", odd, None, "contiguous", "every size made odd (not a multiple of a block, nor a power of 2)"),
+            shape("smaller_scaled", small, "scaled", "contiguous", "every size near a quarter, odd; inputs x100"),
+            shape("strided_outliers", small, "outliers", "strided", "the smaller sizes, inputs as stride-2 views, "
+                  "0.1% of their values x100"),
+            shape("nonfinite", small, "nonfinite", "contiguous", "the smaller sizes, 0.1% of the inputs +inf, -inf "
+                  "or NaN (where the reference's output is defined, the candidate's must match it)")]
 
 
 @dataclass
@@ -115,16 +159,18 @@ class Task:
         m = self.manifest
         main_sizes = dict(self.sizes) | (m.small.sizes if mode == "small" else {})
         shapes = [Shape("main", main_sizes, m.distribution.model_dump(), "contiguous")]
+        if self.manifest_path is None:  # a bare KernelBench file: a manifest's shapes override these
+            return shapes + derived_shapes(main_sizes, m.distribution.model_dump())
         for s in m.shapes:
             if mode in s.modes:
                 dist = (s.distribution or m.distribution).model_dump()
-                shapes.append(Shape(s.name, dict(self.sizes) | s.sizes, dist, s.layout))
+                shapes.append(Shape(s.name, dict(self.sizes) | s.sizes, dist, s.layout, "the manifest"))
         return shapes
 
     def tolerances(self) -> dict[str, dict[str, float]]:
-        tol = {k: {"atol": v, "rtol": v} for k, v in DEFAULT_TOLERANCE.items()}
-        tol.update({k: t.model_dump() for k, t in self.manifest.tolerance.items()})
-        return tol
+        """The manifest's explicit tolerances, by dtype. Every other floating dtype is checked against a bound tied
+        to the precision the task's own Model reaches (sandbox/harness/compare.py)."""
+        return {k: t.model_dump() for k, t in self.manifest.tolerance.items()}
 
     def work(self, sizes: dict[str, int]) -> tuple[float | None, float | None]:
         """FLOPs and bytes per call at these sizes, from the manifest's expressions."""

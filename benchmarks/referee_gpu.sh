@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The referee's GPU call: a smoke evaluation, the GPU tests, then the measurement table (referee vs do_bench, CV).
-#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite]   (default: all; output under $OUT)
+#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite,bundled]   (default: all; output under $OUT)
 set -uo pipefail
 parts=",${1:-smoke,tests,measure,measure_small,suite},"  # (commas round every part: "measure" is not "measure_small")
 out=${OUT:-/tmp/referee-gpu}; mkdir -p "$out"
@@ -38,4 +38,21 @@ if [[ $parts == *,suite,* ]]; then  # evaluations per GPU-hour: the tuner on rms
   timeout ${SUITE_S:-330} python3 benchmarks/optimize_suite.py --tasks rmsnorm --max-candidates 1000 \
     --max-wall ${SUITE_WALL:-240} --in-flight 16 --out /dev/shm/suite ${SUITE_NAIVE:---compare-naive --naive-max 5} \
     2>"$out/suite.err" | tail -6
+fi
+if [[ $parts == *,bundled,* ]]; then  # every bundled baseline through the gate at full size (eager baseline only)
+  for task in benchmarks/tasks/*.py; do
+    name=$(basename "$task" .py)
+    timeout ${BUNDLED_EACH_S:-60} python3 -m appliance eval "$task" "benchmarks/baselines/$name.py" --device cuda \
+      --mode full --baselines eager --timing-budget ${BUNDLED_BUDGET_S:-0.3} --json > "$out/bundled-$name.json" \
+      2> "$out/bundled-$name.err"
+    python3 - "$name" "$out/bundled-$name.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[2]))
+except Exception as e:
+    print(f"| {sys.argv[1]} | no result ({type(e).__name__}) | | |"); sys.exit(0)
+main = next((t for t in d.get("timings", []) if t["shape"] == "main" and t["implementation"] == "candidate"), {})
+print(f"| {sys.argv[1]} | {d['verdict']} | {main.get('median_ms')} | {str(d['reason'])[:160]} |")
+PY
+  done
 fi

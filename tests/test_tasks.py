@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from appliance.errors import TaskError
-from appliance.tasks import DEFAULT_TOLERANCE, load_task
+from appliance.tasks import load_task
 
 REPO = Path(__file__).parent.parent
 SUITE = REPO / "benchmarks" / "tasks"
@@ -74,12 +74,27 @@ def test_valid_kernelbench_file_loads(tmp_path):
     assert task.manifest_path is None and task.manifest_text == ""
     assert task.manifest.seeds == 3 and task.manifest.dtype is None
     assert task.manifest.backends == ["triton", "cuda", "cupy"]
-    # Without a manifest there is one shape, the file's own sizes, in either mode.
+    # Without a manifest: the file's own sizes, then the derived shapes (correctness only), in either mode.
     for mode in ("small", "full"):
-        [main] = task.shapes(mode)
+        main, *derived = task.shapes(mode)
         assert (main.name, main.sizes, main.layout) == ("main", {"batch_size": 4096, "dim": 65536}, "contiguous")
-        assert main.distribution["kind"] == "default"
+        assert main.distribution["kind"] == "default" and main.timed
+        assert [(d.name, d.sizes, d.distribution["kind"], d.layout, d.timed) for d in derived] == [
+            ("odd", {"batch_size": 4095, "dim": 65535}, "default", "contiguous", False),
+            ("smaller_scaled", {"batch_size": 1025, "dim": 16385}, "scaled", "contiguous", False),
+            ("strided_outliers", {"batch_size": 1025, "dim": 16385}, "outliers", "strided", False),
+            ("nonfinite", {"batch_size": 1025, "dim": 16385}, "nonfinite", "contiguous", False)]
+        assert all(d.origin.startswith("derived: ") for d in derived)
     assert task.work(task.sizes) == (None, None)
+
+
+def test_derived_sizes_keep_small_ints_and_equal_sizes_equal(tmp_path):
+    from appliance.tasks import derived_shapes
+
+    odd, small, *_ = derived_shapes({"M": 4096, "K": 4096, "N": 1000, "dim": 1, "kernel_size": 3, "B": 16}, {})
+    assert odd.sizes == {"M": 4095, "K": 4095, "N": 999, "dim": 1, "kernel_size": 3, "B": 15}
+    assert small.sizes == {"M": 1025, "K": 1025, "N": 251, "dim": 1, "kernel_size": 3, "B": 5}
+    assert all(v % 2 for k, v in odd.sizes.items() if k not in ("dim", "kernel_size"))
 
 
 def test_task_loads_from_a_string_path(tmp_path):
@@ -335,18 +350,15 @@ def test_shapes_do_not_share_size_dicts(task):
     assert task.sizes == {"batch_size": 4096, "dim": 65536}
 
 
-def test_default_tolerances(tmp_path):
-    tol = load_task(write_task(tmp_path)).tolerances()
-    assert tol == {k: {"atol": v, "rtol": v} for k, v in DEFAULT_TOLERANCE.items()}
-    assert tol["float64"]["atol"] == 1e-7 and tol["float32"]["atol"] == 1e-4
-    assert tol["float16"]["rtol"] == 1e-2 and tol["bfloat16"]["rtol"] == 2e-2
+def test_without_a_manifest_no_tolerance_is_explicit(tmp_path):
+    """Every dtype is then checked against the precision the task's own Model reaches (tests/evaluation/
+    test_compare.py): no absolute tolerance that could exceed the outputs themselves."""
+    assert load_task(write_task(tmp_path)).tolerances() == {}
 
 
-def test_tolerance_overrides_keep_other_defaults(task):
+def test_a_manifest_tolerance_is_explicit_for_its_dtype_only(task):
     tol = task.tolerances()
-    assert tol["float32"] == {"atol": 1e-5, "rtol": 2e-5}
-    assert tol["float16"] == {"atol": 1e-2, "rtol": 1e-2}
-    assert set(tol) == {"float64", "float32", "float16", "bfloat16"}
+    assert tol == {"float32": {"atol": 1e-5, "rtol": 2e-5}}
 
 
 def test_work_per_shape_sizes(task):

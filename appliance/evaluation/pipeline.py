@@ -66,7 +66,9 @@ class Details(TypedDict, total=False):
     """What an Outcome's details hold (stored as JSON with the evaluation). Evidence, from trusted processes only:"""
 
     backends: list[str]  # what the candidate's source uses (Triton, load_inline, CuPy)
-    shapes: list[dict]  # the baselines' record of each shape: sizes, inputs' and outputs' bytes, the reference's ops
+    shapes: list[dict]  # the baselines' record of each shape: sizes, where it came from (the file, the manifest,
+    # derived), inputs' and outputs' bytes, the reference's ops
+    dropped_shapes: list[dict]  # derived shapes the task's own Model could not run, and why
     wall_s: dict[str, float]  # seconds per process of this evaluation
     gpu_index: int | None
     host_memory: dict  # what it held of the host-memory budget, and waited for it
@@ -300,7 +302,7 @@ class Pipeline:
             prepared = self._prepare(task, device, mode, prepared_dir, wall, turns)
         environment = prepared["environment"]
         details: Details = {"backends": backends, "shapes": prepared["shapes"], "wall_s": wall,
-                            "gpu_index": self.jail.gpu}
+                            "gpu_index": self.jail.gpu, "dropped_shapes": prepared.get("dropped_shapes", [])}
         resident = resident_estimate(prepared["shapes"], device)
         host_bytes = evaluation_bytes(resident, device, outputs_in_memory=device == "cpu")  # CPU pools: memfds
         waited = held.enter_context(self.host_memory.hold(host_bytes))
@@ -316,6 +318,8 @@ class Pipeline:
         impl = [{"name": "candidate", "file": str(source / "candidate.py"), "cls": "ModelNew"}]
         spec = self._common_spec(task, device, mode) | {"role": "candidate", "implementations": impl,
                                                         "calibration": prepared["calibration"]}
+        kept = {sh["name"] for sh in prepared["shapes"]}  # not the derived shapes the reference could not run
+        spec["shapes"] = [sh for sh in spec["shapes"] if sh["name"] in kept]
         referee, run = self._candidate(task, spec, job, source, resident, wall, turns, details)
         details["device_turns"] = _sum_turns(turns)
         details["candidate_stderr"] = run.stderr[-4000:]

@@ -18,7 +18,7 @@ def timing_rows(task: Task, prepared: dict, candidate: dict, device: str, ceilin
     inputs it made and the outputs it collected), so that `impossible` needs no manifest."""
     rows = []
     moved = {s["name"]: s["input_bytes"] + s["output_bytes"] for s in prepared["shapes"]}
-    for sh in prepared["shapes"]:
+    for sh in (s for s in prepared["shapes"] if s.get("timed", True)):  # (derived shapes: correctness only)
         name = sh["name"]
         flops, nbytes = task.work(sh["sizes"])
         nbytes = nbytes or moved.get(name)

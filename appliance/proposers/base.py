@@ -35,6 +35,7 @@ class PromptContext:
     backends: list[str] = field(default_factory=lambda: ["triton"])
     device: str = "cuda"  # what the kernel will run on: "cuda (NVIDIA H200, sm_90)" or "cpu (Triton interpreter)"
     measured: list[Measured] = field(default_factory=list)  # the run's passing candidates and their times
+    shapes: list[str] = field(default_factory=list)  # the shapes the gate checks, described (tasks.Shape.describe)
 
 
 @dataclass

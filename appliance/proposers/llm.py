@@ -24,8 +24,8 @@ from appliance.proposers.untrusted import fence_feedback
 
 PROMPTS = Path(__file__).parent / "prompts"
 LEFT_OUT = "(left out: the whole prompt did not fit the model's context window)"
-FIELDS = ("task_name", "task_source", "device", "backends", "parent_label", "parent_source", "parent_feedback",
-          "inspirations", "history")
+FIELDS = ("task_name", "task_source", "shapes", "device", "backends", "parent_label", "parent_source",
+          "parent_feedback", "inspirations", "history")
 
 
 @dataclass
@@ -142,6 +142,7 @@ def prompt_fields(ctx: PromptContext) -> dict[str, str]:
     return {
         "task_name": ctx.task_name,
         "task_source": ctx.task_source.strip(),
+        "shapes": "\n".join(f"- {line}" for line in ctx.shapes) or "- main: the task file's own sizes",
         "device": ctx.device,
         "backends": ", ".join(ctx.backends),
         "parent_label": ctx.parent.label or "parent",

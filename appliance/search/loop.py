@@ -311,8 +311,11 @@ class Optimizer:
         self.log(f"candidate {candidate.id}: the worker failed again ({error}); recorded as an infrastructure failure")
         device = "cpu" if self.pipelines[0].jail.gpu is None else "cuda"
         return Outcome(verdict="infrastructure_failure", stage="load", reason=f"not the candidate's fault: {error}",
-                       jailed=True, device=device, mode=self.config.mode or ("full" if device == "cuda" else "small"),
-                       details={"infrastructure_error": str(error)})
+                       jailed=True, device=device, mode=self._mode(), details={"infrastructure_error": str(error)})
+
+    def _mode(self) -> str:
+        """The size mode the run's evaluations use."""
+        return self.config.mode or ("full" if self.pipelines[0].jail.gpu is not None else "small")
 
     def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError, screened: bool = False) -> None:
         if isinstance(outcome, InfrastructureError):
@@ -450,7 +453,7 @@ class Optimizer:
             task_name=self.task.name, task_source=self.task.path.read_text(),
             parent=Example(parent.candidate.source, told(parent), "parent"), inspirations=inspirations,
             history=[feedback(e) for e in db.failures()], backends=list(self.task.manifest.backends), device=device,
-            measured=measured)
+            measured=measured, shapes=[sh.describe() for sh in self.task.shapes(self._mode())])
 
     def _measured(self, db: SearchDatabase, timings: dict[int, list]) -> list[Measured]:
         """Each passing candidate's times per shape (for per-shape tuning), the shapes named by their first input."""

@@ -398,9 +398,19 @@ class Referee:
         ceilings = self._ceilings() if spec.get("ceilings") and self.cuda else None
         self.task = load_task(spec)
         self.stages.done("load")
+        shapes, dropped = [], []
         with device_turn(shared=True):  # the reference runs on the device: never beside someone's measurement
-            shapes = [self._shape(s) for s in spec["shapes"]]
-        out = {"shapes": [s["record"] for s in shapes], "environment": environment(self.device)}
+            for s in spec["shapes"]:
+                try:
+                    shapes.append(self._shape(s))
+                except TaskFault as fault:
+                    if not s.get("origin", "").startswith("derived"):
+                        raise
+                    # A derived shape the task's own Model cannot run (a size it requires, an input it rejects).
+                    dropped.append({"name": s["name"], "sizes": s["sizes"], "origin": s["origin"],
+                                    "reason": str(fault)[:500]})
+        out = {"shapes": [s["record"] for s in shapes], "dropped_shapes": dropped,
+               "environment": environment(self.device)}
         if ceilings is not None:
             out["ceilings"] = ceilings
         role = spec["role"]
@@ -447,9 +457,11 @@ class Referee:
                             spec["task_display"])
         outputs = [{"dtype": str(o.dtype).removeprefix("torch."), "shape": list(o.shape)} for o in outs]
         tensors = [a for a in example if isinstance(a, torch.Tensor)]
-        record = {"name": shape["name"], "sizes": shape["sizes"], "input_shapes": [list(a.shape) for a in tensors], "outputs": outputs,
-                  "ops": ops, "input_bytes": sum(a.numel() * a.element_size() for a in tensors),
-                  "output_bytes": sum(o.numel() * o.element_size() for o in outs)}
+        record = {"name": shape["name"], "sizes": shape["sizes"], "input_shapes": [list(a.shape) for a in tensors],
+                  "outputs": outputs, "ops": ops, "input_bytes": sum(a.numel() * a.element_size() for a in tensors),
+                  "output_bytes": sum(o.numel() * o.element_size() for o in outs),
+                  "origin": shape.get("origin", ""), "timed": shape.get("timed", True),
+                  "distribution": shape["distribution"]["kind"], "layout": shape["layout"]}
         del model, result, outs
         return {"shape": shape, "example": example, "outputs": outputs, "record": record}
 
@@ -457,7 +469,7 @@ class Referee:
 
     def _baselines(self, shapes: list[dict]) -> dict:
         timings, calibration, loaded = {}, {}, None
-        for i, sh in enumerate(shapes):
+        for i, sh in enumerate(s for s in shapes if s["shape"].get("timed", True)):
             name = sh["shape"]["name"]
             timings[name] = {}
             # torch.compile recompiles for every new shape: timed on the main shape only, where speedups are quoted.
@@ -484,7 +496,7 @@ class Referee:
             self._correctness(sh)
         self.stages.done("correctness")
         timings = {}
-        for sh in shapes:
+        for sh in (s for s in shapes if s["shape"].get("timed", True)):  # (derived shapes: correctness only)
             # Without the trusted server's calibration for this shape (its eager baseline failed there, or none was
             # asked for), nothing is taken off: what the candidate's own server costs is not ours to subtract.
             calibration = self.spec["calibration"].get(sh["shape"]["name"]) or UNCALIBRATED
@@ -551,16 +563,20 @@ class Referee:
         p["calls"] = p.get("calls", 0) + 1
 
     def _compare(self, sh: dict, init: list, seed: int, args: list, outs: list, where: str, verdict: Verdict) -> None:
-        """`outs` against the float64 reference for `args`; a failure is `verdict`-kind (timed calls) or its own."""
+        """`outs` against the float64 reference for `args`, within a bound tied to the precision the task's own
+        Model reaches in its dtype on the same inputs (compare.py), unless the manifest sets one; a failure is
+        `verdict`-kind (timed calls) or its own."""
         import torch
 
         from sandbox.harness.common import cast_floating
         from sandbox.harness.compare import compare_outputs
 
-        model = build_model(self.spec, self.task, init, seed, self.device, self.dtype).to(torch.float64)
+        eager_model = build_model(self.spec, self.task, init, seed, self.device, self.dtype)
         with torch.no_grad():
+            eager = as_outputs(task_call("the task's Model", self.spec, eager_model, *args))
+            model = eager_model.to(torch.float64)
             refs = as_outputs(task_call("float64 reference", self.spec, model, *cast_floating(args, torch.float64)))
-        failure = compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where)
+        failure = compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where, eager=eager)
         if failure:
             if verdict == Verdict.TIMED_OUTPUT_MISMATCH:
                 raise Rejected(verdict, Stage.TIMING, f"{failure['kind']}: {failure['reason']} (the outputs of timed "

@@ -92,6 +92,14 @@ def apply_distribution(args: list, dist: dict, seed: int) -> list:
                 elif dist["kind"] == "outliers":
                     mask = torch.rand(shape, generator=gen, device=dev) < dist["fraction"]
                     a = torch.where(mask, a * dist["scale"], a)
+                elif dist["kind"] == "nonfinite" and a.numel():
+                    # A fraction of the values (one at least) +inf, -inf or NaN, in turn.
+                    flat = a.reshape(-1)
+                    count = max(1, int(flat.numel() * dist["fraction"]))
+                    where = torch.randperm(flat.numel(), generator=gen, device=dev)[:count]
+                    specials = torch.tensor([float("inf"), float("-inf"), float("nan")], device=dev)
+                    flat[where] = specials[torch.arange(count, device=dev) % 3]
+                    a = flat.reshape(shape)
             a = a.to(dtype)
         out.append(a)
     return out

@@ -1,0 +1,91 @@
+"""A bare KernelBench file gets the full gate (issue 25): derived shapes and inputs, and the precision-tied bound.
+Each wrong kernel here passed the old gate (only the main shape, only get_inputs()'s own values, atol 1e-4); each is
+an honest Triton softmax changed in one place."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import FIXTURES
+
+GOOD = (FIXTURES / "candidates" / "good.py").read_text()
+TASK = FIXTURES / "bare" / "rowsoftmax.py"
+
+# name -> (the change to the honest kernel, the verdict, the shape it fails at)
+WRONG = {
+    "hard_coded_to_the_main_shape": (
+        [("mask = cols < n_cols", "mask = cols < 128"),
+         ("BLOCK=triton.next_power_of_2(x.shape[1])", "BLOCK=128")], ("wrong_output", "runtime_error"), "odd"),
+    "nan_on_large_inputs": (
+        [("e = tl.exp(x - tl.max(x, axis=0))",
+          'e = tl.where(mask & (tl.abs(x) > 50.0), float("nan"), tl.exp(x - tl.max(x, axis=0)))')],
+        ("nan_inf",), "smaller_scaled"),
+    "scaled_by_1_002": ([("e / tl.sum(e, axis=0)", "e / tl.sum(e, axis=0) * 1.002")], ("wrong_output",), "main"),
+    "fp16_rounded_inputs": ([("e = tl.exp(", "x = x.to(tl.float16).to(tl.float32)\n    e = tl.exp(")],
+                            ("wrong_output",), "main"),
+}
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    from appliance.evaluation.pipeline import EvalSettings, Pipeline
+    from sandbox.jail import Jail
+
+    p = Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05, reuse_inputs=True,
+                                      jobs_dir=tmp_path_factory.mktemp("jobs")))
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def task():
+    from appliance.tasks import load_task
+
+    t = load_task(TASK)
+    assert t.manifest_path is None
+    return t
+
+
+def test_the_honest_kernel_passes_every_derived_shape(pipeline, task):
+    outcome = pipeline.evaluate(task, FIXTURES / "candidates" / "good.py")
+    assert outcome.verdict == "pass", outcome.reason
+    shapes = {s["name"]: s for s in outcome.details["shapes"]}
+    assert set(shapes) == {"main", "odd", "smaller_scaled", "strided_outliers", "nonfinite"}
+    assert shapes["odd"]["sizes"] == {"batch_size": 8, "dim": 127} and shapes["odd"]["origin"].startswith("derived")
+    assert shapes["strided_outliers"]["layout"] == "strided" and shapes["nonfinite"]["distribution"] == "nonfinite"
+    checked = {(c["shape"], c["seed"]) for c in outcome.details["cases"]}
+    assert {name for name, _ in checked} == set(shapes)  # every one checked, at every seed
+    assert {t["shape"] for t in outcome.timings} == {"main"}  # derived shapes are checked, never timed
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_a_wrong_kernel_fails_at_the_shape_or_bound_that_finds_it(pipeline, task, tmp_path, name):
+    changes, verdicts, shape = WRONG[name]
+    source = GOOD
+    for old, new in changes:
+        assert old in source
+        source = source.replace(old, new)
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    outcome = pipeline.evaluate(task, path)
+    assert outcome.verdict in verdicts, outcome.reason
+    assert f"at shape {shape} " in outcome.reason, outcome.reason
+
+
+def test_a_derived_shape_the_reference_cannot_run_is_dropped_and_listed(tmp_path):
+    from appliance.tasks import load_task
+    from appliance.evaluation.pipeline import EvalSettings, Pipeline
+    from sandbox.jail import Jail
+
+    path = tmp_path / "even_only.py"
+    path.write_text(TASK.read_text().replace("        return torch.softmax(x, dim=-1)",
+                                             "        assert x.shape[-1] % 2 == 0, 'an even width only'\n"
+                                             "        return torch.softmax(x, dim=-1)"))
+    pipeline = Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05,
+                                             jobs_dir=tmp_path / "jobs"))
+    outcome = pipeline.evaluate(load_task(path), FIXTURES / "candidates" / "good.py")
+    pipeline.close()
+    assert outcome.verdict == "pass", outcome.reason
+    dropped = {d["name"]: d for d in outcome.details["dropped_shapes"]}
+    assert set(dropped) == {"odd", "smaller_scaled", "strided_outliers", "nonfinite"}  # 127 and 33: odd widths
+    assert "an even width only" in dropped["odd"]["reason"]

@@ -1,0 +1,94 @@
+"""The precision-tied bound (sandbox/harness/compare.py): without a manifest tolerance a candidate may be wrong by at
+most PRECISION_FACTOR times what the task's own Model is wrong by in the task's dtype. On real torch arithmetic:
+honest kernels with another formula or summation order pass, cheaper wrong ones fail (issue 25's cases)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sandbox.harness.compare import compare_outputs
+
+WHERE = "at shape main, seed 0"
+
+
+def _check(candidate: torch.Tensor, reference64: torch.Tensor, eager: torch.Tensor, tolerances=None):
+    expected = [{"dtype": str(candidate.dtype).removeprefix("torch."), "shape": list(candidate.shape)}]
+    return compare_outputs([candidate], [reference64], expected, tolerances or {}, WHERE, eager=[eager])
+
+
+@pytest.fixture(scope="module")
+def logits() -> torch.Tensor:
+    return torch.randn(8, 8192, generator=torch.Generator().manual_seed(0))
+
+
+def _blocked_softmax(x: torch.Tensor, block: int = 512) -> torch.Tensor:
+    """Another honest order: the row max and sum over blocks, accumulated serially, as a tiled kernel does."""
+    m = x.reshape(x.shape[0], -1, block).amax(-1).amax(-1, keepdim=True)
+    e = torch.exp(x - m)
+    total = torch.zeros(x.shape[0], 1)
+    for part in e.reshape(x.shape[0], -1, block).unbind(1):
+        total = total + part.sum(-1, keepdim=True)
+    return e / total
+
+
+def test_an_honest_softmax_in_another_order_passes(logits):
+    r64, eager = torch.softmax(logits.double(), -1), torch.softmax(logits, -1)
+    assert _check(_blocked_softmax(logits), r64, eager) is None
+    assert _check(eager, r64, eager) is None
+
+
+def test_a_softmax_off_by_0_2_percent_fails_though_its_outputs_are_near_1e_4(logits):
+    r64, eager = torch.softmax(logits.double(), -1), torch.softmax(logits, -1)
+    assert float(r64.abs().mean()) < 2e-4  # the old default atol of 1e-4 was as large as the outputs
+    assert compare_outputs([eager * 1.002], [r64], [{"dtype": "float32", "shape": list(eager.shape)}],
+                           {"float32": {"atol": 1e-4, "rtol": 1e-4}}, WHERE) is None  # what it let through
+    failure = _check(eager * 1.002, r64, eager)
+    assert failure and failure["kind"] == "wrong_output", failure
+    assert "eager Model's own error" in failure["reason"]
+
+
+def test_an_fp16_shortcut_on_an_fp32_task_fails(logits):
+    r64, eager = torch.softmax(logits.double(), -1), torch.softmax(logits, -1)
+    shortcut = torch.softmax(logits.half().float(), -1)  # inputs rounded to fp16, then computed in fp32
+    assert _check(shortcut, r64, eager)["kind"] == "wrong_output"
+    assert _check(torch.softmax(logits.half(), -1).float(), r64, eager)["kind"] == "wrong_output"
+
+
+def test_a_long_reduction_summed_serially_in_blocks_passes_and_its_fp16_shortcut_fails():
+    x = torch.randn(64, 16384, generator=torch.Generator().manual_seed(1))
+    r64, eager = x.double().sum(-1), x.sum(-1)
+    blocked = torch.zeros(64)
+    for part in x.reshape(64, -1, 256).unbind(1):  # 64 partial sums added one after another
+        blocked = blocked + part.sum(-1)
+    assert _check(blocked, r64, eager) is None
+    assert _check(x.half().float().sum(-1), r64, eager)["kind"] == "wrong_output"
+
+
+def test_elementwise_ops_allow_a_few_units_of_roundoff_and_no_more():
+    x = torch.linspace(-6, 6, 100_001)
+    r64, eager = torch.nn.functional.gelu(x.double()), torch.nn.functional.gelu(x)
+    tanh_form = torch.nn.functional.gelu(x, approximate="tanh")  # another formula: not the task's function
+    exp_form = x * 0.5 * (1 + torch.erf(x / 2 ** 0.5))  # the same function, written out: a few roundings more
+    assert _check(exp_form, r64, eager) is None
+    assert _check(tanh_form, r64, eager)["kind"] == "wrong_output"
+
+
+def test_exact_zeros_need_no_exactness_below_the_outputs_scale():
+    x = torch.linspace(-30, 3, 10_000)
+    r64, eager = torch.relu(x.double()) + torch.exp(x.double()), torch.relu(x) + torch.exp(x)
+    nudged = eager.clone()
+    nudged[:100] = 0.0  # exp(-30) ~ 1e-13 flushed to zero: far below the output's own scale (~1)
+    assert _check(nudged, r64, eager) is None
+
+
+def test_a_manifest_tolerance_still_wins(logits):
+    r64, eager = torch.softmax(logits.double(), -1), torch.softmax(logits, -1)
+    assert _check(eager * 1.002, r64, eager, tolerances={"float32": {"atol": 1e-3, "rtol": 1e-2}}) is None
+
+
+def test_integers_must_match_exactly():
+    r64 = torch.tensor([1, 2, 3], dtype=torch.float64)
+    got = torch.tensor([1, 2, 4])
+    failure = compare_outputs([got], [r64], [{"dtype": "int64", "shape": [3]}], {}, WHERE, eager=[got])
+    assert failure and failure["kind"] == "wrong_output"
