@@ -66,7 +66,7 @@ def test_export_writes_a_patch_a_drop_in_module_and_reports_with_the_evidence(db
     env = best.evaluation.environment
     for expected in (f"APPROVED by {current_user()}", "numbers hold on every shape",  # the approval record
                      env["torch"], env["triton"], env["python"], "cpu (small sizes)",  # hardware and versions
-                     "| float32 | 1e-08 | 0.0001 |", "seeds 0..2",  # tolerances and seeds
+                     "| float32 | atol 1e-08, rtol 0.0001 (manifest) |", "seeds 0..2",  # tolerances and seeds
                      "| main | batch_size=4, dim=300 | candidate |", "IQR ms",  # timings with spread
                      "| timed_output_mismatch |", "| impossible |", "not on CPU",  # gate checks
                      "```diff", "speedup.svg", "convergence.svg", "roofline.svg"):
