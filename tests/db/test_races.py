@@ -7,7 +7,7 @@ to make them overlap since they wait on the database, not on the GIL."""
 
 from __future__ import annotations
 
-import threading
+import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,15 +48,16 @@ def test_workers_finishing_together_lose_nothing(stores: list[Store], tmp_path: 
                   for i in range(WORKERS * PER_WORKER)]
     for c in candidates:
         first.set_candidate_status(c, "evaluating")
-    done = threading.Event()
+    stored: queue.Queue[int | None] = queue.Queue()
 
     def worker(w: int) -> None:  # one evaluation GPU: stores the outcomes of its share of the candidates
         for i in range(w, len(candidates), WORKERS):
             stores[w].add_outcome(candidates[i], run.id, outcome(i))
+            stored.put(i)
 
-    def loop() -> int:  # the search loop saving its state after each step
+    def loop() -> int:  # the search loop saving its state after each verdict, while the other workers store theirs
         saves = 0
-        while not done.is_set() or saves < 3:
+        while stored.get(timeout=60) is not None:
             saves += 1
             stores[WORKERS].update_run(run.id, state={"generation": saves})
         return saves
@@ -65,6 +66,9 @@ def test_workers_finishing_together_lose_nothing(stores: list[Store], tmp_path: 
         for status in ("paused", "running", "paused", "running", "paused"):
             stores[WORKERS + 1].update_run(run.id, status=status)
 
+    # The loop saves once per stored outcome, as the real loop does after each step: never a tight loop of writes,
+    # which on SQLite (whose busy handler is not fair) could keep the write lock from the workers until their busy
+    # timeout ran out on a loaded host. Its saves still overlap the workers' and the operator's writes.
     with ThreadPoolExecutor(WORKERS + 2) as pool:
         saver = pool.submit(loop)
         try:
@@ -72,8 +76,9 @@ def test_workers_finishing_together_lose_nothing(stores: list[Store], tmp_path: 
             for f in writers:
                 f.result()
         finally:
-            done.set()  # a writer that failed must fail the test, not leave the loop spinning until pytest's timeout
+            stored.put(None)  # a writer that failed must fail the test, not leave the loop waiting
         saves = saver.result()
+    assert saves == len(candidates)
 
     rows = first.run_candidates(run.id)
     assert len(rows) == len(candidates)
