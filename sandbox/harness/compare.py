@@ -28,10 +28,11 @@ UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 **
 
 
 def compare_outputs(outs: list, refs: list, expected: list[dict], tolerances: dict, where: str,
-                    eager: list | None = None) -> dict | None:
+                    eager: list | None = None, margins: list | None = None) -> dict | None:
     """`expected` holds the eager model's output dtypes/shapes; `tolerances` the manifest's explicit ones, by
     dtype; `eager` the eager model's outputs in the task's dtype on the same inputs (the precision-tied rule);
-    `where` says which shape and seed."""
+    `where` says which shape and seed. `margins`, when given, gets each output's largest error as a fraction of
+    its bound (how close an honest kernel came to failing)."""
     if len(outs) != len(refs):
         return _fail("wrong_shape", f"forward returned {len(outs)} output(s), expected {len(refs)} {where}")
     for i, (out, ref, exp) in enumerate(zip(outs, refs, expected)):
@@ -47,7 +48,7 @@ def compare_outputs(outs: list, refs: list, expected: list[dict], tolerances: di
             bound = _PrecisionTied(eager[i], ref, UNIT_ROUNDOFF[dtype])
         else:
             bound = _Explicit(0.0, 0.0)  # integers, bools: exact
-        failure = _compare_values(out, ref, bound, f"{label} {where}")
+        failure = _compare_values(out, ref, bound, f"{label} {where}", margins)
         if failure:
             return failure
     return None
@@ -102,7 +103,7 @@ def _chunks(out, ref):
 CHUNK = 1 << 24  # elements compared at once: the comparison's float64 temporaries stay ~1 GiB at any output size
 
 
-def _compare_values(out, ref, bound, where: str) -> dict | None:
+def _compare_values(out, ref, bound, where: str, margins: list | None = None) -> dict | None:
     """In chunks of the flattened outputs, so that the temporaries do not grow with the output (comparing a 1 GiB
     output whole held ~10 GiB of them on a device shared with other evaluations)."""
     import torch
@@ -122,12 +123,14 @@ def _compare_values(out, ref, bound, where: str) -> dict | None:
         return _fail("nan_inf", f"{n_bad} NaN/Inf value(s) where the reference differs, first at element "
                                 f"{_unflat(first, shape)} (got {out[first].item()}, expected {ref[first].item()}) "
                                 f"{where}")
-    worst, worst_ratio, worst_allowed, n_out, largest = None, 1.0, 0.0, 0, 0.0
+    worst, worst_ratio, worst_allowed, n_out, largest, margin = None, 1.0, 0.0, 0, 0.0, 0.0
     for start, o, r in _chunks(out, ref):
         both = o.isfinite() & r.isfinite()
         err = torch.where(both, (o - r).abs(), 0.0)
         allowed = bound.allowed(start, r)
         largest = max(largest, float(err.max()))
+        if err.numel():
+            margin = max(margin, float(torch.where(err > 0, err / allowed.clamp(min=1e-300), 0.0).max()))
         over = both & (err > allowed)
         n_out += int(over.sum())
         if n_out:
@@ -136,6 +139,8 @@ def _compare_values(out, ref, bound, where: str) -> dict | None:
             top = int(ratio.argmax())
             if float(ratio[top]) > worst_ratio:
                 worst, worst_ratio, worst_allowed = start + top, float(ratio[top]), float(allowed[top])
+    if margins is not None:
+        margins.append(margin)
     if worst is None:
         return None
     got, expected = out[worst].item(), ref[worst].item()

@@ -213,7 +213,8 @@ class Slots:
         import torch
 
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        return [k for k, (view, a) in enumerate(zip(self.views[i][0], tensors)) if not torch.equal(view, a)]
+        # Bytes, not values: NaN inputs (the nonfinite distribution) are never equal to themselves.
+        return [k for k, (view, a) in enumerate(zip(self.views[i][0], tensors)) if not _same(view, a)]
 
     def close(self) -> None:
         self.views = self._drawn = []
@@ -544,8 +545,9 @@ class Referee:
                 if changed := slots.mutated(0, args):
                     raise Rejected(Verdict.INPUT_MUTATED, Stage.CORRECTNESS,
                                    f"forward modified input(s) {changed} in place {where}")
-                self._compare(sh, init, seed, args, snapshot, where, Verdict.WRONG_OUTPUT)
-            self.cases.append({"shape": shape["name"], "seed": seed, "kind": "pass", "reason": ""})
+                margin = self._compare(sh, init, seed, args, snapshot, where, Verdict.WRONG_OUTPUT)
+            self.cases.append({"shape": shape["name"], "seed": seed, "kind": "pass", "reason": "",
+                               "margin": round(margin, 4)})
             del args, snapshot, outs
         slots.close()
         if self.cuda:
@@ -562,10 +564,10 @@ class Referee:
         p["own_launches"] = launches if "own_launches" not in p else min(p["own_launches"], launches)
         p["calls"] = p.get("calls", 0) + 1
 
-    def _compare(self, sh: dict, init: list, seed: int, args: list, outs: list, where: str, verdict: Verdict) -> None:
+    def _compare(self, sh: dict, init: list, seed: int, args: list, outs: list, where: str, verdict: Verdict) -> float:
         """`outs` against the float64 reference for `args`, within a bound tied to the precision the task's own
         Model reaches in its dtype on the same inputs (compare.py), unless the manifest sets one; a failure is
-        `verdict`-kind (timed calls) or its own."""
+        `verdict`-kind (timed calls) or its own. Returns the largest error as a fraction of its bound."""
         import torch
 
         from sandbox.harness.common import cast_floating
@@ -576,12 +578,15 @@ class Referee:
             eager = as_outputs(task_call("the task's Model", self.spec, eager_model, *args))
             model = eager_model.to(torch.float64)
             refs = as_outputs(task_call("float64 reference", self.spec, model, *cast_floating(args, torch.float64)))
-        failure = compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where, eager=eager)
-        if failure:
-            if verdict == Verdict.TIMED_OUTPUT_MISMATCH:
-                raise Rejected(verdict, Stage.TIMING, f"{failure['kind']}: {failure['reason']} (the outputs of timed "
-                               "calls must be as correct as those of the correctness calls)")
-            raise Rejected(Verdict(failure["kind"]), Stage.CORRECTNESS, failure["reason"])
+        margins: list[float] = []
+        failure = compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where, eager=eager,
+                                  margins=margins)
+        if not failure:
+            return max(margins, default=0.0)
+        if verdict == Verdict.TIMED_OUTPUT_MISMATCH:
+            raise Rejected(verdict, Stage.TIMING, f"{failure['kind']}: {failure['reason']} (the outputs of timed "
+                           "calls must be as correct as those of the correctness calls)")
+        raise Rejected(Verdict(failure["kind"]), Stage.CORRECTNESS, failure["reason"])
 
     def _build(self, sh: dict, seed: int) -> list:
         set_sizes(self.task, sh["shape"])
@@ -840,7 +845,7 @@ def spec_seed(spec: dict) -> int:
 def _same(a, b) -> bool:
     import torch
 
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def _iqr(samples: list[float]) -> float:

@@ -93,9 +93,9 @@ def apply_distribution(args: list, dist: dict, seed: int) -> list:
                     mask = torch.rand(shape, generator=gen, device=dev) < dist["fraction"]
                     a = torch.where(mask, a * dist["scale"], a)
                 elif dist["kind"] == "nonfinite" and a.numel():
-                    # A fraction of the values (one at least) +inf, -inf or NaN, in turn.
+                    # A fraction of the values +inf, -inf or NaN in turn (each of the three at least once).
                     flat = a.reshape(-1)
-                    count = max(1, int(flat.numel() * dist["fraction"]))
+                    count = min(flat.numel(), max(3, int(flat.numel() * dist["fraction"])))
                     where = torch.randperm(flat.numel(), generator=gen, device=dev)[:count]
                     specials = torch.tensor([float("inf"), float("-inf"), float("nan")], device=dev)
                     flat[where] = specials[torch.arange(count, device=dev) % 3]

@@ -1,0 +1,20 @@
+"""A bare KernelBench-style problem (a min reduction), no manifest: benchmarks/bare_suite.py."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.amin(x, dim=1)
+
+
+batch_size = 64
+dim = 8192
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
