@@ -92,3 +92,45 @@ def test_integers_must_match_exactly():
     got = torch.tensor([1, 2, 4])
     failure = compare_outputs([got], [r64], [{"dtype": "int64", "shape": [3]}], {}, WHERE, eager=[got])
     assert failure and failure["kind"] == "wrong_output"
+
+
+# Found by an attacker review: each passed the first version of the bound.
+
+def test_a_bf16_task_refuses_an_fp8_matmul_and_takes_an_honest_one():
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(256, 256, generator=g).bfloat16(), torch.randn(256, 256, generator=g).bfloat16()
+    r64, eager = a.double() @ b.double(), a @ b
+    assert _check((a.float() @ b.float()).bfloat16(), r64, eager) is None  # fp32 accumulation, bf16 out
+    fp8 = (a.to(torch.float8_e4m3fn).float() @ b.to(torch.float8_e4m3fn).float()).bfloat16()
+    assert _check(fp8, r64, eager)["kind"] == "wrong_output"
+
+
+def test_a_few_huge_outputs_do_not_excuse_the_ordinary_ones():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(100_000, generator=g)
+    outlier = torch.rand(100_000, generator=g) < 0.001
+    x = torch.where(outlier, x * 100, x).clamp(max=80)  # the strided_outliers shape's inputs
+    r64, eager = torch.exp(x.double()), torch.exp(x)
+    assert _check(torch.exp(x), r64, eager) is None
+    assert _check(torch.where(outlier, eager, torch.zeros(())), r64, eager)["kind"] == "wrong_output"
+
+
+def test_where_eager_overflows_the_model_passes_and_garbage_does_not():
+    x = torch.randn(32, 100, generator=torch.Generator().manual_seed(6)) * 100
+    r64, eager = torch.cumprod(x.double(), 1), torch.cumprod(x, 1)
+    assert (~eager.isfinite() & r64.isfinite()).any()  # inf in fp32, finite in float64
+    assert _check(eager, r64, eager) is None
+    assert _check(torch.where(eager.isfinite(), eager, torch.zeros(())), r64, eager) is not None
+
+
+def test_inputs_with_nan_judge_only_what_the_reference_defines():
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(7))
+    x[::100] = float("nan")
+    r64, eager = torch.relu(x.double()), torch.relu(x)
+    nan_to_zero = torch.where(x.isnan(), torch.zeros(()), eager)  # a max instruction that drops NaN
+    expected = [{"dtype": "float32", "shape": [1000]}]
+    assert compare_outputs([nan_to_zero], [r64], expected, {}, WHERE, eager=[eager])["kind"] == "nan_inf"
+    assert compare_outputs([nan_to_zero], [r64], expected, {}, WHERE, eager=[eager], defined_only=True) is None
+    wrong = nan_to_zero.clone()
+    wrong[1] += 1.0
+    assert compare_outputs([wrong], [r64], expected, {}, WHERE, eager=[eager], defined_only=True) is not None
