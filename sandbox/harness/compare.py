@@ -7,7 +7,7 @@ Two rules, per output dtype:
   the output. With r the float64 reference, e the eager Model in the task's dtype, u the output dtype's unit
   roundoff, per element
 
-      |c - r| <= k * max(|e - r| - u|r|, s_e) + c * u * (|r| + s_r)
+      |c - r| <= k * max(|e - r| - u|r|, s_e) + c * u * (|r| + s_r) + k * u_acc * s_r
 
   |e - r| - u|r| is eager's error beyond rounding its output (which the candidate pays too, in the c term): for a
   bf16 output that is nearly nothing, so a bf16 task gets about 4 units of roundoff (an fp8 shortcut is far over),
@@ -15,9 +15,12 @@ Two rules, per output dtype:
   s_e and s_r are robust scales of the whole output (the 90th percentile of eager's excess error and of |r| over
   a sample): floors, so that an element where eager happens to be exact demands no exactness and no element near
   zero needs more than the output's own scale allows; robust, so that a few huge outputs (inputs with outliers)
-  do not excuse every ordinary one. k = 64 lets an honest fp32 reduction be an order of magnitude less accurate
-  than torch's cascade summation (a fully serial sum over 16384 values uses about a third of the bound); c = 4
-  allows an ulp or two of disagreement with eager's rounding.
+  do not excuse every ordinary one. u_acc is the roundoff of the float32 accumulators honest kernels use whatever
+  the output dtype (2^-24; 2^-53 for float64 outputs): k * u_acc * s_r is the accumulation error of an honest
+  fp32 kernel where eager accumulates in double (torch's CPU cumsum) or is exact by luck, and is nothing beside a
+  bf16 output's own roundoff. k = 64 lets an honest fp32 reduction be an order of magnitude less accurate than
+  torch's cascade summation (a fully serial sum over 16384 values uses about half of the bound); c = 4 allows an
+  ulp or two of disagreement with eager's rounding.
   Where eager itself overflowed (inf where float64 is finite), a candidate may match eager's value, or be within
   the roundoff term of the float64 one.
 Integer and bool outputs must match exactly. Non-finite values pass only where the reference has the very same;
@@ -83,6 +86,7 @@ class _PrecisionTied:
         import torch
 
         self.eager, self.u = eager.reshape(-1), u
+        self.u_acc = UNIT_ROUNDOFF["float64"] if u <= UNIT_ROUNDOFF["float64"] else UNIT_ROUNDOFF["float32"]
         flat = ref.reshape(-1)
         step = max(1, flat.numel() // SCALE_SAMPLE)
         e, r = self.eager[::step].to(torch.float64), flat[::step].to(torch.float64)
@@ -111,7 +115,7 @@ class _PrecisionTied:
         e = self._eager(start, r.numel())
         # Eager's error beyond rounding its output; where eager is not finite it says nothing (0: roundoff only).
         excess = torch.where(e.isfinite(), ((e - r).abs() - self.u * r.abs()).clamp(min=0.0), 0.0)
-        return (PRECISION_FACTOR * excess.clamp(min=self.scale_err)
+        return (PRECISION_FACTOR * (excess.clamp(min=self.scale_err) + self.u_acc * self.scale_ref)
                 + ROUNDING_FACTOR * self.u * (r.abs() + self.scale_ref))
 
     def describe(self) -> str:
