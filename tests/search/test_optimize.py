@@ -171,9 +171,11 @@ def test_a_run_whose_host_memory_fits_one_evaluation_at_a_time_still_completes(a
     """Three slots, host memory for less than one evaluation (APPLIANCE_HOST_MEMORY_GIB): they start one at a time,
     the others wait, and the run ends with every evaluation done."""
     monkeypatch.setenv("APPLIANCE_HOST_MEMORY_GIB", "0.5")
-    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "4", "--batch", "1", "--workers", "3")
+    # Three candidates fill the three slots at once (the first generation is proposed while the seed is evaluated):
+    # whichever gets the memory first, the other two wait for it.
+    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "3", "--batch", "1", "--workers", "3")
     assert code == 0, summary
-    assert summary["evaluated"] == 4 and summary["passed"] == 4, summary
+    assert summary["evaluated"] == 3 and summary["passed"] == 3, summary
     held = [json.loads(d)["host_memory"] for (d,) in rows(home, "SELECT details FROM evaluation ORDER BY id")]
     assert all(h["budget_gib"] == 0.5 for h in held), held  # the setting, whole: one CPU device
     assert sum(h["wait_s"] > 0.5 for h in held) >= 2, held  # the first generation waited for the seed
