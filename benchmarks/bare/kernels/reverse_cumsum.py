@@ -9,10 +9,9 @@ def reverse_cumsum_kernel(x_ptr, y_ptr, n_cols, x_stride, y_stride, BLOCK: tl.co
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
-    total = tl.sum(x, axis=0)
-    before = tl.cumsum(x, axis=0) - x  # the sum of the elements before each one
-    tl.store(y_ptr + row * y_stride + cols, total - before, mask=mask)
+    rev = n_cols - 1 - cols  # the row read back to front: a prefix sum of it is the suffix sum
+    x = tl.load(x_ptr + row * x_stride + rev, mask=mask, other=0.0)
+    tl.store(y_ptr + row * y_stride + rev, tl.cumsum(x, axis=0), mask=mask)
 
 
 class ModelNew(nn.Module):
