@@ -615,8 +615,8 @@ class Referee:
 
     def _timed(self, sh: dict, check: bool, calibration: dict | None = None) -> tuple[dict, dict]:
         """Time the loaded implementation at one shape (model built under the first seed, which the float64 checks
-        rebuild). Returns (summary, calibration: the empty round trip and the cost of our read of one call's
-        outputs, as measured beside this implementation)."""
+        rebuild). Returns (summary, calibration: the fixed cost of a request, our copy of one call's inputs and
+        our read of its outputs, and the calls per batch, as measured beside this implementation)."""
         seed0 = spec_seed(self.spec)
         with device_turn(shared=True):  # the first call compiles (torch.compile, a new shape's kernels)
             init = self._build(sh, seed0)
