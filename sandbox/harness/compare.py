@@ -35,6 +35,7 @@ from __future__ import annotations
 PRECISION_FACTOR = 64.0  # k: times eager's own error beyond rounding
 ROUNDING_FACTOR = 4.0  # c: units of roundoff of the output's own scale
 SCALE_QUANTILE, SCALE_SAMPLE = 0.9, 1 << 20  # the robust scales: this quantile over at most this many elements
+CHUNK = 1 << 24  # elements compared at once: the comparison's float64 temporaries stay ~1 GiB at any output size
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
 
@@ -129,9 +130,6 @@ def _chunks(out, ref):
 
     for i in range(0, ref.numel(), CHUNK):
         yield i, out[i:i + CHUNK].to(torch.float64), ref[i:i + CHUNK].to(torch.float64)
-
-
-CHUNK = 1 << 24  # elements compared at once: the comparison's float64 temporaries stay ~1 GiB at any output size
 
 
 def _compare_values(out, ref, bound, where: str, margins: list | None = None,

@@ -134,12 +134,8 @@ def test_what_is_taken_off_a_candidates_window_is_never_more_than_beside_the_tru
     assert summary["calls_per_batch"] >= 60  # more than its own estimate asks for on this small shape
     # Nothing but the cap came off: each batch's window per call is its median plus at most the caps' share.
     assert summary["median_ms"] >= summary["raw_window_ms"] - 1e-4 - 1e-4  # (raw_window_ms is rounded to 1e-4)
-    uncalibrated, _ = referee._timed(sh, check=False, calibration=dict(_uncalibrated()))
-    assert uncalibrated["tiny_ms"] == 0.0
-    assert uncalibrated["median_ms"] >= uncalibrated["raw_window_ms"] - 1e-4
-
-
-def _uncalibrated() -> dict:
     from sandbox.harness.referee import UNCALIBRATED
 
-    return UNCALIBRATED
+    uncalibrated, _ = referee._timed(sh, check=False, calibration=dict(UNCALIBRATED))
+    assert uncalibrated["tiny_ms"] == 0.0
+    assert uncalibrated["median_ms"] >= uncalibrated["raw_window_ms"] - 1e-4
