@@ -261,12 +261,20 @@ def test_appliance_tui_runs_in_a_terminal_and_quits_on_q(db):
     os.close(slave)
     try:
         screen, deadline = b"", time.monotonic() + 60
-        while b"softmax" not in screen and time.monotonic() < deadline:
+        while not (b"softmax" in screen and b"finished" in screen) and time.monotonic() < deadline:
             if select.select([master], [], [], 0.5)[0]:
                 screen += os.read(master, 65536)
         assert b"softmax" in screen and b"finished" in screen
         os.write(master, b"q")
-        assert tui.wait(timeout=30) == 0
+        # Keep reading while it quits: a full pty buffer would block its last redraw and the exit with it.
+        deadline = time.monotonic() + 60
+        while tui.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    os.read(master, 65536)
+                except OSError:  # the slave side closed as it exited
+                    break
+        assert tui.wait(timeout=10) == 0
     finally:
         if tui.poll() is None:
             os.killpg(tui.pid, signal.SIGKILL)
