@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,8 +53,8 @@ VARIANTS = {
                                                      "x = tl.load(x_ptr + offs, mask=mask).to(tl.float16)"
                                                      ".to(tl.float32) * scale")]),
 }
-HEADER = ("| problem | derived shapes (sizes) | dropped | honest | margin | wrong variant | its verdict |\n"
-          "|---|---|---|---|---|---|---|")
+HEADER = ("| problem | derived shapes (sizes) | dropped | honest | margin | wrong variant | its verdict | wall s |\n"
+          "|---|---|---|---|---|---|---|---|")
 
 
 def variant_source(problem: str) -> str:
@@ -68,6 +69,7 @@ def variant_source(problem: str) -> str:
 def row(pipeline, problem: str, workdir: Path) -> str:
     from appliance.tasks import load_task
 
+    start = time.monotonic()
     task = load_task(BARE / f"{problem}.py")
     honest = pipeline.evaluate(task, BARE / "kernels" / f"{problem}.py")
     derived = "; ".join(f"{s['name']} ({', '.join(str(v) for v in s['sizes'].values())})"
@@ -80,7 +82,9 @@ def row(pipeline, problem: str, workdir: Path) -> str:
     path.write_text(variant_source(problem))
     wrong = pipeline.evaluate(task, path)
     caught = "**passed (not caught)**" if wrong.passed else f"{wrong.verdict}, {_where(wrong.reason)}"
-    return f"| {problem} | {derived} | {dropped} | {honest_text} | {margin} | {VARIANTS[problem][0]} | {caught} |"
+    wall = time.monotonic() - start  # both evaluations, baselines prepared once (reuse_inputs)
+    return (f"| {problem} | {derived} | {dropped} | {honest_text} | {margin} | {VARIANTS[problem][0]} | {caught} "
+            f"| {wall:.0f} |")
 
 
 def _where(reason: str) -> str:
@@ -109,7 +113,7 @@ def main() -> int:
             try:
                 rows.append(row(pipeline, problem, Path(tmp)))
             except Exception as exc:  # noqa: BLE001 - one broken problem must not cost the other rows
-                rows.append(f"| {problem} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | | | |")
+                rows.append(f"| {problem} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | | | | |")
             print(rows[-1], flush=True)
     pipeline.close()
     return 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The referee's GPU call: a smoke evaluation, the GPU tests, then the measurement table (referee vs do_bench, CV).
-#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite,bundled]   (default: all; output under $OUT)
+#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite,bundled,bare]   (default: all; output under $OUT)
 set -uo pipefail
 parts=",${1:-smoke,tests,measure,measure_small,suite},"  # (commas round every part: "measure" is not "measure_small")
 out=${OUT:-/tmp/referee-gpu}; mkdir -p "$out"
@@ -40,8 +40,8 @@ if [[ $parts == *,suite,* ]]; then  # evaluations per GPU-hour: the tuner on rms
     2>"$out/suite.err" | tail -6
 fi
 if [[ $parts == *,bundled,* ]]; then  # every bundled baseline through the gate at full size (eager baseline only)
-  for task in benchmarks/tasks/*.py; do
-    name=$(basename "$task" .py)
+  for name in ${BUNDLED_TASKS:-$(ls benchmarks/tasks/*.py | xargs -n1 basename | sed "s/\.py$//")}; do
+    task=benchmarks/tasks/$name.py
     timeout ${BUNDLED_EACH_S:-60} python3 -m appliance eval "$task" "benchmarks/baselines/$name.py" --device cuda \
       --mode full --baselines eager --timing-budget ${BUNDLED_BUDGET_S:-0.3} --json > "$out/bundled-$name.json" \
       2> "$out/bundled-$name.err"
@@ -55,4 +55,8 @@ main = next((t for t in d.get("timings", []) if t["shape"] == "main" and t["impl
 print(f"| {sys.argv[1]} | {d['verdict']} | {main.get('median_ms')} | {str(d['reason'])[:160]} |")
 PY
   done
+fi
+if [[ $parts == *,bare,* ]]; then  # bare KernelBench files: honest kernels pass, wrong variants are caught (issue 25)
+  timeout ${BARE_S:-300} python3 benchmarks/bare_suite.py --device cuda ${BARE_PROBLEMS:+--problems $BARE_PROBLEMS} \
+    2>"$out/bare.err" | tee "$out/bare.md" | tail -14
 fi
