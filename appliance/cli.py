@@ -293,23 +293,31 @@ def optimize(
             chosen = proposer or ("llm" if s.llm_url else "tune")
             if chosen not in ("tune", "llm"):
                 raise ApplianceError(f"--proposer takes tune or llm, not {chosen!r}")
+            seed_proposer = "seed"
             if seed_file.is_file():
                 seed_source, seed_path, seed_note = (seed_file.read_text(errors="replace"), str(seed_file.resolve()),
                                                      "seed candidate")
-            elif chosen == "llm" and start_from is None:
-                # No kernel to start from: the LLM starts from the reference itself (which fails the gate as a
-                # library fallback; its first proposals are built on it and on that verdict).
-                seed_source, seed_path, seed_note = reference_seed(t), None, "the task's reference, as ModelNew"
-            else:
-                raise ApplianceError(f"no seed candidate: give --from FILE (a ModelNew that passes the gate; "
-                                     f"{seed_file} does not exist), or --proposer llm to start from the reference")
+            elif start_from is not None:
+                raise ApplianceError(f"--from {start_from}: no such file")
+            else:  # no kernel yet: torch.compile's own, written out (the LLM gets it as its parent too)
+                captured = _compile_seed(t, device, mode, gpus, unsafe_no_jail or s.unsafe_no_jail, as_json)
+                if captured.source is not None:
+                    seed_source, seed_path, seed_note, seed_proposer = captured.source, None, captured.note, "compile"
+                elif chosen == "llm":
+                    # The LLM starts from the reference itself (which fails the gate as a library fallback; its
+                    # first proposals are built on it and on that verdict).
+                    seed_source, seed_path, seed_note = reference_seed(t), None, "the task's reference, as ModelNew"
+                else:
+                    raise ApplianceError(f"no seed candidate: {captured.failure}. Give --from FILE (a ModelNew that "
+                                         "passes the gate), or serve an LLM (APPLIANCE_LLM_URL, `appliance model "
+                                         "serve`) and use --proposer llm, which can start from the reference")
             config = OptimizeConfig(proposer=chosen, max_candidates=max_candidates or 20,
                                     max_gpu_seconds=max_gpu_seconds, max_wall_s=max_wall, max_tokens=max_tokens,
                                     batch=batch, islands=islands, seed=seed, device=device, mode=mode,
                                     timing_budget_s=timing_budget, workers=workers or 0)
             row = store.get_or_add_task(t.name, str(t.path), t.source, t.manifest_text)
             run = store.add_run(row.id, "optimize", config_dict(config))
-            store.add_candidate(run.id, row.id, seed_source, path=seed_path, proposer="seed", status="queued",
+            store.add_candidate(run.id, row.id, seed_source, path=seed_path, proposer=seed_proposer, status="queued",
                                 island=0, generation=0, note=seed_note)
             if queue:
                 store.update_run(run.id, status="queued", config=config_dict(config) | {"controller": True})
@@ -644,6 +652,23 @@ def _screens(config: OptimizeConfig, pipelines: list, unsafe: bool) -> list:
         err.print(f"{len(screens)} CPU-only node(s) check that candidates build for sm_{arch} before the GPUs see "
                   "them", highlight=False)
     return screens
+
+
+def _compile_seed(task, device: str, mode: Optional[str], gpus: Optional[str], unsafe: bool, quiet: bool):
+    """torch.compile's kernels for `task`, captured jailed on the device the run evaluates on."""
+    from appliance.evaluation.pipeline import resolve_device
+    from appliance.proposers.compile_seed import compile_seed
+
+    s = state.settings
+    dev = resolve_device(device)
+    gpu = int(gpus.split(",")[0]) if dev == "cuda" and gpus else (0 if dev == "cuda" else None)
+    if not quiet:
+        err.print("no seed kernel: writing out torch.compile's own Triton kernels for every shape the gate checks "
+                  "(jailed) ...", highlight=False)
+    seed = compile_seed(task, s.jail(gpu, unsafe), s.jobs_dir, dev, mode or ("full" if dev == "cuda" else "small"))
+    if not quiet:
+        err.print(f"seed: {seed.note}" if seed.source else seed.failure, highlight=False, soft_wrap=True)
+    return seed
 
 
 def _proposer(config: OptimizeConfig):

@@ -33,6 +33,10 @@ BARREN_GENERATIONS = 3  # generations in a row without a new candidate to evalua
 BUDGETS = ("max_candidates", "max_gpu_seconds", "max_wall_s", "max_tokens")
 
 
+# A run's first candidate: a given file ("seed") or torch.compile's kernels written out ("compile").
+SEED_PROPOSERS = ("seed", "compile")
+
+
 @dataclass
 class OptimizeConfig:
     proposer: str = "tune"  # tune | llm
@@ -396,7 +400,7 @@ class Optimizer:
           once instead of idling through the seed's whole evaluation (on the H200 at full size, 72 s of a 288 s
           run gave one verdict). A seed that fails leaves these to be evaluated: the run goes on from those that
           pass, and ends when none does."""
-        seeds = [e for e in db.entries if e.candidate.proposer == "seed"]
+        seeds = [e for e in db.entries if e.candidate.proposer in SEED_PROPOSERS]
         name = getattr(self.proposer, "name", "")
         if name == "llm":
             evaluated = [e for e in seeds if e.evaluation is not None]

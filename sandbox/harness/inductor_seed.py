@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import math
 import re
 import sys
 import textwrap
@@ -188,7 +189,7 @@ def generate(spec: dict, graphs: list[dict], work: Path) -> tuple[str, int, set[
             meta = _kernel_meta(ksrc, kname, work / f"inductor_g{gi}_{kname}.py")
             metas[new] = meta
             const = new.upper() + "_CONFIG"
-            constants.append(f"{const} = 0")
+            constants.append(f"{const} = {_default_config(meta, spec['device'])}")
             if g["timed"] and len(meta["configs"]) > 1:
                 tunables[const] = list(range(len(meta["configs"])))
         call_body, libs = _call_body(g["code"], names)
@@ -354,6 +355,14 @@ class ModelNew(Model):
     return source, len(metas), library
 
 
+def _default_config(meta: dict, device: str) -> int:
+    """Inductor's first config; in Triton's interpreter (the CPU) the widest one: it runs programs one by one."""
+    if device != "cpu":
+        return 0
+    blocks = [math.prod(v for k, v in c.items() if k.endswith("BLOCK")) for c in meta["configs"]]
+    return blocks.index(max(blocks))
+
+
 def _kernel_body(src: str, name: str, new: str) -> tuple[str, set[str]]:
     """The @triton.jit function alone, renamed, with triton_helpers.X calls made local."""
     start = src.find("@triton.jit\ndef " + name + "(")
@@ -440,7 +449,17 @@ def _helpers(used: set[str]) -> str:
         out.append(src)
         todo += [n for n in module_names - done if re.search(rf"(?<![\w.]){n}\b", src)]  # called or passed
     consts = "_LOG_2_E: tl.constexpr = tl.constexpr(1.4426950408889634)\n" if "_LOG_2_E" in "".join(out) else ""
+    fast = [INTERPRETED_REDUCTIONS[n] for n in sorted(done & set(INTERPRETED_REDUCTIONS))]
+    if fast:  # the interpreter calls a custom combine once per element pair (0.5 s per 8 x 128 softmax): tl's own
+        # reduction is the same one there (NaN propagation of max/min is not judged by the gate)
+        out.insert(0, 'if os.environ.get("TRITON_INTERPRET") == "1":\n' + "\n".join(fast))
     return consts + "\n\n".join(reversed(out))
+
+
+INTERPRETED_REDUCTIONS = {
+    "max2": "    @triton.jit\n    def max2(a, dim):\n        return tl.max(a, dim)\n",
+    "min2": "    @triton.jit\n    def min2(a, dim):\n        return tl.min(a, dim)\n",
+}
 
 
 if __name__ == "__main__":

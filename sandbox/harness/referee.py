@@ -633,10 +633,12 @@ class Referee:
                 cycle.append((self.clock() - t0) * 1e3)
             estimate = statistics.median(estimate)
             single.close()
-            # K from this server's own estimate, but never fewer calls than the trusted server's batches had: a
-            # server that dawdles in its estimate calls would otherwise get batches of one, where the fixed cost
-            # taken off is largest against its work.
-            fewest = int((calibration or {}).get("calls_per_batch") or 1)
+            # K from this server's own estimate, but on a GPU never fewer calls than the trusted server's batches
+            # had: a server that dawdles in its estimate calls would otherwise get batches of one, where the fixed
+            # cost taken off is largest against its work. Not on the CPU: there a kernel runs in Triton's
+            # interpreter, 100-1000x slower than eager, and eager's K made each of its batches take seconds (CPU
+            # timings are no speed claims; the fixed cost taken off is capped by the trusted value all the same).
+            fewest = int((calibration or {}).get("calls_per_batch") or 1) if self.device == "cuda" else 1
             per_batch = max(1, min(MAX_CALLS_PER_BATCH, _calls_that_fit(self.device, set_bytes),
                                    max(fewest, math.ceil(BATCH_TARGET_MS[self.device] / max(estimate, 1e-4)))))
             # The budget bounds the whole batches (drawing inputs, checks), not only the calls in them; the extra

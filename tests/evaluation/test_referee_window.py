@@ -131,7 +131,10 @@ def test_what_is_taken_off_a_candidates_window_is_never_more_than_beside_the_tru
     trusted = {"tiny_ms": 1e-4, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 60}
     summary, _ = referee._timed(sh, check=False, calibration=trusted)
     assert summary["tiny_ms"] == pytest.approx(1e-4)  # our own measured round trip is larger: the cap holds
-    assert summary["calls_per_batch"] >= 60  # more than its own estimate asks for on this small shape
+    if referee.device == "cuda":  # more than its own estimate asks for on this small shape
+        assert summary["calls_per_batch"] >= 60
+    else:  # on the CPU (the interpreter) K is the server's own: eager's K made interpreted batches take seconds
+        assert summary["calls_per_batch"] < 60
     # Nothing but the cap came off: each batch's window per call is its median plus at most the caps' share.
     assert summary["median_ms"] >= summary["raw_window_ms"] - 1e-4 - 1e-4  # (raw_window_ms is rounded to 1e-4)
     from sandbox.harness.referee import UNCALIBRATED

@@ -18,6 +18,7 @@ from tests.conftest import REPO, candidate
 from tests.fake_llm import completion
 
 SOFTMAX = REPO / "benchmarks/tasks/softmax.py"
+BRANCHY = REPO / "tests/fixtures/tasks/rowsoftmax_branchy.py"  # torch.compile breaks its graph: no compile seed
 FAST = ("--device", "cpu", "--timing-budget", "0.05")
 
 
@@ -182,9 +183,10 @@ def test_a_run_whose_host_memory_fits_one_evaluation_at_a_time_still_completes(a
 
 
 def test_an_llm_run_without_a_seed_starts_from_the_reference(appliance, home, monkeypatch, fake_llm):
-    # No kernel for this task anywhere: the run's seed is the reference as ModelNew (a library fallback); the model,
-    # shown that verdict, answers with a kernel of its own, which passes.
-    task = REPO / "tests/fixtures/tasks/rowsoftmax.py"
+    # No kernel for this task anywhere, and torch.compile's cannot be written out (its graph breaks): the run's seed
+    # is the reference as ModelNew (a library fallback); the model, shown that verdict, answers with a kernel of
+    # its own, which passes.
+    task = BRANCHY
     kernel = (REPO / "benchmarks/baselines/softmax.py").read_text()
     server = fake_llm(completion(f"Own Triton kernel:\n```python\n{kernel}```\n", prompt_tokens=50,
                                  completion_tokens=500))
@@ -201,9 +203,27 @@ def test_an_llm_run_without_a_seed_starts_from_the_reference(appliance, home, mo
 
 
 def test_a_tuner_run_without_a_seed_says_what_to_give(appliance, home):
-    result = appliance("optimize", str(REPO / "tests/fixtures/tasks/rowsoftmax.py"), "--proposer", "tune", *FAST)
+    result = appliance("optimize", str(BRANCHY), "--proposer", "tune", *FAST)
     said = " ".join(result.output.split())  # the console wraps lines where the path's length puts them
     assert result.exit_code != 0 and "--from FILE" in said and "--proposer llm" in said, said
+    assert "could not capture one graph" in said, said  # why torch.compile's kernels are no seed here
+
+
+def test_a_run_with_no_kernel_and_no_llm_starts_from_torch_compiles_own_kernels(appliance, home):
+    """A bare KernelBench file, nothing bundled, no LLM: the seed is Inductor's Triton kernels written out (one graph
+    per shape the gate checks, derived shapes included), it passes the gate as its own kernels, and the tuner
+    moves among Inductor's launch configurations."""
+    code, summary = optimize(appliance, str(REPO / "tests/fixtures/bare/rowsoftmax.py"), "--proposer", "tune",
+                             "--max-candidates", "2", "--batch", "1", "--islands", "1")
+    assert code == 0, summary
+    assert summary["seed"]["proposer"] == "compile" and summary["seed"]["verdict"] == "pass", summary
+    (seed_source, note), *tuned = rows(home, "SELECT source, note FROM candidate ORDER BY id")
+    assert "class ModelNew(Model)" in seed_source and "@triton.jit" in seed_source and "TUNABLES" in seed_source
+    assert "torch.compile's own kernels" in note and "odd" in note and "strided_outliers" in note
+    assert "extern_kernels." not in seed_source.split("class extern_kernels")[-1]  # no library call in a graph
+    (launches,) = rows(home, "SELECT details FROM evaluation ORDER BY id LIMIT 1")[0]
+    assert json.loads(launches)["evidence"]["launches_per_call"] >= 1  # its own kernels ran at the main shape
+    assert tuned and "_CONFIG" in tuned[0][1], tuned  # the tuner chose another of Inductor's configs
 
 
 def test_the_tuner_gives_each_shape_the_settings_that_were_fastest_there(appliance, home):
