@@ -32,6 +32,7 @@ from appliance.evaluation import evidence
 from appliance.evaluation.host_memory import HostMemory, evaluation_bytes
 from appliance.evaluation.job_folders import JobFolder, remove_tree
 from appliance.evaluation.records import MAX_RESULT_BYTES, read_result, read_text
+from appliance.evaluation.static_checks import static_rejection
 from appliance.evaluation.residency import evaluation_gpus, memory_budget, resident_estimate
 from appliance.evaluation.timings import pass_reason, speedup, timing_rows
 from appliance.evaluation.verdicts import Rejection, host_out_of_memory, library_fallback, verdict_of
@@ -194,6 +195,9 @@ class Pipeline:
         source = candidate_path.read_text(errors="replace")
         base = dict(verdict="pass", stage="done", reason="", jailed=not self.jail.unsafe_no_jail,
                     memory_limited=self.jail.memory_limit_enforced(), device=device, mode=mode)
+        if rejection := static_rejection(source, task.source):  # before anything is prepared: in well under 1 s
+            return Outcome(**base | dict(verdict=rejection.verdict, stage=rejection.stage, reason=rejection.reason),
+                           details={"rejected_by": rejection.check})
         backends = detect_backends(source)
         refused = [b for b in backends if b not in task.manifest.backends]
         if refused:

@@ -16,6 +16,7 @@ REJECTED = {
     "raises": ("runtime_error", "correctness", ["ValueError", "boom from the candidate", "raises.py line 26"]),
     "syntax_error": ("load_error", "load", ["syntax error", "line 24"]),
     "no_modelnew": ("load_error", "load", ["no class ModelNew"]),
+    "wrong_forward_arity": ("load_error", "load", ["ModelNew.forward takes 2", "Model takes 1", "get_inputs()"]),
     "compile_error": ("compile_error", "compile", ["power of 2", "compile_error.py line 16"]),
     "edge_wrong": ("wrong_output", "correctness", ["shape odd", "batch_size=3, dim=37"]),
     "segfaults": ("crashed", "correctness", ["SIGSEGV"]),
@@ -51,6 +52,8 @@ def test_broken_candidate_gets_specific_verdict(appliance, softmax_task, name):
         assert word in result["reason"], result["reason"]
     # Stored like any other evaluation, and nothing timed for a rejected candidate.
     assert result["evaluation_id"] and result["timings"] == []
+    if name in ("syntax_error", "no_modelnew", "wrong_forward_arity"):  # judged from the text: nothing prepared
+        assert "prepare" not in (result.get("wall_s") or {}), result.get("wall_s")
 
 
 def test_hanging_candidate_times_out_and_next_one_still_runs(appliance, softmax_task):

@@ -1,0 +1,85 @@
+"""Checks of a candidate's text that need nothing prepared and nothing run: a candidate that cannot work gets its
+verdict in well under a second, before the task's inputs are drawn and its baselines timed. Read with `ast`
+only (the candidate's code is never executed here); anything this cannot judge is left to the jailed evaluation,
+which would reach the same verdict, only later."""
+
+from __future__ import annotations
+
+import ast
+
+from appliance.evaluation.verdicts import Rejection
+
+
+def static_rejection(source: str, task_source: str) -> Rejection | None:
+    """load_error for a syntax error, a module without ModelNew, or a ModelNew whose constructor or forward cannot
+    take what the task's get_init_inputs() and get_inputs() give its Model."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        where = f"line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
+        return _load_error(f"syntax error at {where}: {e.msg}")
+    except (ValueError, RecursionError, MemoryError):  # nested too deep for the parser here: the jail decides
+        return None
+    defined = _top_level_names(tree)
+    if "ModelNew" not in defined:
+        return _load_error("no class ModelNew: the candidate must define one (an nn.Module taking what the task's "
+                           "Model takes, in its constructor and its forward)")
+    new = _class(tree, "ModelNew")
+    try:
+        model = _class(ast.parse(task_source), "Model")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        model = None
+    if new is None or model is None:
+        return None  # ModelNew made another way (an assignment, an import): the jail sees what it is
+    for method, gives in (("__init__", "get_init_inputs()"), ("forward", "get_inputs()")):
+        theirs, ours = _arity(new, method), _arity(model, method)
+        if theirs is None or ours is None or ours[0] != ours[1]:
+            continue  # not defined here (inherited), or the Model itself takes a variable number
+        low, high = theirs
+        if (low, high) == (1, 0):
+            return _load_error(f"ModelNew.{method} has a keyword-only argument without a default; the gate passes "
+                               f"what {gives} gives positionally")
+        if not low <= ours[0] <= high:
+            takes = f"{low}" if low == high else f"{low} to {'any number' if high == float('inf') else high}"
+            return _load_error(f"ModelNew.{method} takes {takes} argument(s) besides self; the task's Model takes "
+                               f"{ours[0]}, as {gives} gives them")
+    return None
+
+
+def _load_error(reason: str) -> Rejection:
+    return Rejection("load_error", "load", reason, "static")
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            names.add("ModelNew")  # defined under a condition: the jail sees whether it is
+    return names
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef | None:
+    found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    return found[-1] if found else None
+
+
+def _arity(cls: ast.ClassDef, method: str) -> tuple[int, float] | None:
+    """(least, most) positional arguments the method takes besides self; None if the class does not define it
+    (or wraps it in a decorator, which may change what it takes)."""
+    found = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method]
+    if not found or found[-1].decorator_list:
+        return None
+    a = found[-1].args
+    positional = a.posonlyargs + a.args
+    required = len(positional) - len(a.defaults)
+    if a.kwonlyargs and any(d is None for d in a.kw_defaults):
+        return (1, 0)  # a keyword-only argument without a default: no call the gate makes (positional) fills it
+    most = float("inf") if a.vararg else len(positional) - 1
+    return (max(required - 1, 0), most)
