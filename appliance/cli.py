@@ -324,10 +324,16 @@ def optimize(
                 print(json.dumps({"run_id": run.id, "status": "queued"}) if as_json else
                       f"run {run.id} queued for `appliance controller`")
                 return
-        pipelines = _pipelines(config, gpus, unsafe_no_jail or s.unsafe_no_jail)
+        try:
+            proposer_of_run = _proposer(config)  # (an LLM run with no endpoint fails here, before any worker starts)
+            pipelines = _pipelines(config, gpus, unsafe_no_jail or s.unsafe_no_jail)
+        except ApplianceError:
+            if run.status == "created":  # made by this command: not left `created` forever (`runs` shows why)
+                store.update_run(run.id, status="failed")
+            raise
         log = (lambda _: None) if as_json else (lambda line: err.print(f"[dim]run {run.id}:[/] {line}",
                                                                         highlight=False))
-        optimizer = Optimizer(store, run.id, t, pipelines, _proposer(config), config,
+        optimizer = Optimizer(store, run.id, t, pipelines, proposer_of_run, config,
                               s.home / "runs" / str(run.id), log,
                               screens=_screens(config, pipelines, unsafe_no_jail or s.unsafe_no_jail))
         summary = optimizer.run()

@@ -209,6 +209,14 @@ def test_a_tuner_run_without_a_seed_says_what_to_give(appliance, home):
     assert "could not capture one graph" in said, said  # why torch.compile's kernels are no seed here
 
 
+def test_an_llm_run_with_no_endpoint_fails_at_once_and_is_not_left_created(appliance, home, monkeypatch):
+    monkeypatch.delenv("APPLIANCE_LLM_URL", raising=False)
+    result = appliance("optimize", str(SOFTMAX), "--proposer", "llm", *FAST)
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "APPLIANCE_LLM_URL" in said, said
+    assert [r["status"] for r in json.loads(appliance("runs", "--json").stdout)] == ["failed"]
+
+
 def test_a_run_with_no_kernel_and_no_llm_starts_from_torch_compiles_own_kernels(appliance, home):
     """A bare KernelBench file, nothing bundled, no LLM: the seed is Inductor's Triton kernels written out (one graph
     per shape the gate checks, derived shapes included), it passes the gate as its own kernels, and the tuner
