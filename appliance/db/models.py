@@ -94,7 +94,8 @@ class Candidate(SQLModel, table=True):
     parent_id: int | None = Field(default=None, foreign_key="candidate.id")
     proposer: str = "manual"  # manual, llm, tune
     # The search's bookkeeping: queued -> evaluating -> evaluated; proposal_failed rows keep a proposer's failure
-    # (garbage from the LLM, an edit that does not apply) with no source to evaluate.
+    # (garbage from the LLM, an edit that does not apply) with no source to evaluate; not_evaluated: still queued
+    # when the run finished (failure says so; a resume queues it again).
     status: str = "evaluated"
     island: int | None = None
     generation: int | None = None

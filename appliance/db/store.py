@@ -288,15 +288,27 @@ class Store:
                 raise KeyError(f"no candidate {candidate_id}")
             candidate.status = status
 
-    def requeue_unfinished(self, run_id: int) -> int:
-        """After a crash: candidates left mid-evaluation go back to the queue. Returns how many."""
+    def close_queue(self, run_id: int, why: str) -> int:
+        """A finished run's candidates still queued are marked `not_evaluated`, with why (a resume with a larger
+        budget queues them again). Returns how many."""
         with self._write() as session:
-            query = select(Candidate).where(Candidate.run_id == run_id, Candidate.status == "evaluating")
+            query = select(Candidate).where(Candidate.run_id == run_id, Candidate.status == "queued")
+            rows = session.exec(query.with_for_update(**_ROW_LOCK)).all()
+            for candidate in rows:
+                candidate.status, candidate.failure = "not_evaluated", why
+            return len(rows)
+
+    def requeue_unfinished(self, run_id: int) -> int:
+        """After a crash: candidates left mid-evaluation go back to the queue (and, on a resume, those a finished
+        session left unevaluated). Returns how many."""
+        with self._write() as session:
+            query = select(Candidate).where(Candidate.run_id == run_id,
+                                            col(Candidate.status).in_(("evaluating", "not_evaluated")))
             # Locked: on PostgreSQL a candidate whose evaluation is being stored right now is re-checked once that
             # commits, and skipped as "evaluated" instead of being queued to run a second time.
             rows = session.exec(query.with_for_update(**_ROW_LOCK)).all()
             for candidate in rows:
-                candidate.status = "queued"
+                candidate.status, candidate.failure = "queued", None
             return len(rows)
 
     def claim_run(self, run_id: int, expected: str = "queued", status: str = "running") -> bool:

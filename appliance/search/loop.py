@@ -115,6 +115,10 @@ class Optimizer:
                 pipeline.close()
             for screen in self.screens:
                 getattr(screen, "close", lambda: None)()
+        if status == "finished":  # nothing stays queued forever: each left is marked, with why
+            self.store.close_queue(self.run_id, "not evaluated: the run finished first (its budget was spent, or "
+                                                "it stopped finding new candidates); --resume with a larger budget "
+                                                "evaluates it")
         self.store.update_run(self.run_id, status=status, state=self.state)
         return self.summary()
 

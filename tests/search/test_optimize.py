@@ -52,6 +52,18 @@ def test_tuner_run_proposes_evaluates_and_keeps_the_best(appliance, home):
     assert listed[0]["kind"] == "optimize" and listed[0]["evaluations"] == 3
 
 
+def test_a_finished_run_leaves_nothing_queued_and_a_resume_evaluates_what_it_left(appliance, home):
+    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "2", "--batch", "3", "--islands", "1")
+    assert code == 0 and summary["status"] == "finished" and summary["evaluated"] == 2, summary
+    statuses = rows(home, "SELECT status, failure FROM candidate ORDER BY id")
+    assert "queued" not in {s for s, _ in statuses}, statuses
+    left = [f for s, f in statuses if s == "not_evaluated"]
+    assert left and all("--resume" in f for f in left), statuses  # proposed past the budget, and says so
+    code, summary = optimize(appliance, "--resume", str(summary["run_id"]), "--max-candidates", str(2 + len(left)))
+    assert code == 0 and summary["evaluated"] == 2 + len(left), summary
+    assert all(s != "not_evaluated" for s, _ in rows(home, "SELECT status, failure FROM candidate")[:2 + len(left)])
+
+
 def test_a_run_killed_mid_evaluation_resumes_without_losing_or_repeating_work(appliance, home):
     env = os.environ | {"APPLIANCE_HOME": str(home)}
     proc = subprocess.Popen([sys.executable, "-m", "appliance", "optimize", str(SOFTMAX), "--max-candidates", "4",
