@@ -756,14 +756,41 @@ def history(
     if as_json:
         print(json.dumps([_asdict(r) for r in rows], default=str))
         return
-    table = Table(title="Evaluations")
-    for col in ("id", "when", "task", "candidate", "verdict", "stage", "vs eager", "vs compile", "device"):
-        table.add_column(col, no_wrap=True)
+    table = _table("Evaluations")
+    columns = ["id", "when", "task", "candidate", "verdict", "stage", "vs eager", "vs compile", "device"]
+    if out.width < 110:  # a narrow terminal: the stage and device go (`show ID` has them), the rest stays legible
+        columns = [c for c in columns if c not in ("stage", "device")]
+    for col in columns:
+        table.add_column(col, **_column(col, rows))
     for r in rows:
-        table.add_row(str(r.id), f"{r.created_at:%m-%d %H:%M}", r.task_name, Path(r.candidate_path or "-").name,
-                      r.verdict, r.stage, _x(r.speedup_vs_eager), _x(r.speedup_vs_compile), r.device)
+        cells = dict(zip(["id", "when", "task", "candidate", "verdict", "stage", "vs eager", "vs compile", "device"],
+                         [str(r.id), f"{r.created_at:%m-%d %H:%M}", r.task_name, Path(r.candidate_path or "-").name,
+                          r.verdict, r.stage, _x(r.speedup_vs_eager), _x(r.speedup_vs_compile), r.device]))
+        table.add_row(*(cells[c] for c in columns))
     out.print(table)
     out.print("`appliance show ID` prints an evaluation's reason, environment and timings.")
+
+
+def _table(title: str) -> Table:
+    from rich import box
+
+    narrow = out.width < 110  # lighter borders and padding: 80 columns hold every id and number
+    if narrow:
+        return Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False,
+                     show_edge=False)
+    return Table(title=title)
+
+
+def _column(name: str, rows) -> dict:
+    """Rich column options: ids (what `show` and `--resume` take) and times are never squeezed on a narrow
+    terminal; names give way first (with an ellipsis)."""
+    if name == "id":
+        return {"no_wrap": True, "min_width": max([2, *(len(str(r.id)) for r in rows)])}
+    if name == "when":
+        return {"no_wrap": True, "min_width": 11}
+    if name in ("status", "verdict", "vs eager", "vs compile", "best vs eager"):
+        return {"no_wrap": True}
+    return {"no_wrap": True, "overflow": "ellipsis"}
 
 
 @app.command()
@@ -776,9 +803,9 @@ def runs(
     if as_json:
         print(json.dumps([_asdict(r) for r in rows], default=str))
         return
-    table = Table(title="Runs")
-    for col in ("id", "when", "task", "kind", "status", "candidates", "evaluations", "best vs eager"):
-        table.add_column(col, no_wrap=True)
+    table = _table("Runs")
+    for col in ("id", "when", "task", "kind", "status", "cands", "evals", "best vs eager"):
+        table.add_column(col, **_column(col, rows))
     for r in rows:
         table.add_row(str(r.id), f"{r.created_at:%m-%d %H:%M}", r.task_name, r.kind, r.status,
                       str(r.candidates), str(r.evaluations), _x(r.best_speedup_vs_eager))

@@ -270,3 +270,15 @@ def test_console_script_is_installed_and_needs_arguments(tmp_path):
     assert proc.returncode == 2
     assert "Usage: appliance eval" in proc.stderr and "Missing argument" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_history_and_runs_keep_their_ids_at_80_columns(appliance, softmax_task, monkeypatch):
+    """The id is what `show` and `--resume` take: a narrow terminal drops columns before it squeezes an id."""
+    for _ in range(12):  # judged from the text: a second each
+        assert appliance.eval_json(softmax_task, candidate("syntax_error"))[0] == 1
+    monkeypatch.setenv("COLUMNS", "80")
+    for command, title in (("history", "Evaluations"), ("runs", "Runs")):
+        lines = appliance(command).stdout.splitlines()
+        assert all(len(line) <= 80 for line in lines), lines
+        ids = [line.split()[0] for line in lines if line[:1].isdigit()]
+        assert sorted(map(int, ids)) == list(range(1, 13)), (title, lines)

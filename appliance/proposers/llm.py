@@ -184,20 +184,21 @@ def check_endpoint(s: LLMSettings) -> list[str]:
             r.read()
     except OSError as e:  # URLError, HTTPError, refused, timeout
         reason = getattr(e, "reason", None) or e
-        return [f"no vLLM server at {root} ({root}/health: {reason}): start it, or set the LLM base URL "
-                f"(now {s.base_url}) to where it listens"]
+        return [f"no vLLM server at {root} ({root}/health: {reason}): start it (`appliance model serve PROFILE`), or "
+                f"set APPLIANCE_LLM_URL (now {s.base_url}) to where it listens"]
     client = _client(s, max_retries=0)
     try:
         served = {m.id: m for m in client.models.list()}
     except openai.OpenAIError as e:
-        return [f"{s.base_url}/models failed ({describe_error(e, s)}): the base URL of vLLM's OpenAI API ends in /v1"]
+        return [f"{s.base_url}/models failed ({describe_error(e, s)}): APPLIANCE_LLM_URL, vLLM's OpenAI API, ends in /v1"]
     if s.model not in served:
-        return [f"model {s.model!r} is not served at {s.base_url} (served: {', '.join(served) or 'none'}): set the "
-                f"LLM model to one of those, or start vLLM with --served-model-name {s.model}"]
+        return [f"model {s.model!r} is not served at {s.base_url} (served: {', '.join(served) or 'none'}): set "
+                f"APPLIANCE_LLM_MODEL to one of those, or start vLLM with --served-model-name {s.model}"]
     window = getattr(served[s.model], "max_model_len", None)  # a vLLM extra; prompt + reply must fit in it
     if window and s.max_tokens > window // 2:
         return [f"max_tokens={s.max_tokens} leaves too little of {s.model}'s {window}-token window for the prompt: "
-                f"lower the LLM max_tokens, or start vLLM with a larger --max-model-len"]
+                f"lower APPLIANCE_LLM_MAX_TOKENS (or the profile's max_tokens), or start vLLM with a larger "
+                f"--max-model-len"]
     try:
         reply = client.chat.completions.create(model=s.model, messages=[{"role": "user", "content": "Say OK."}],
                                                max_tokens=1, temperature=0)
