@@ -499,7 +499,8 @@ def submit(
     if as_json:
         print(json.dumps(result, default=str))
     else:
-        out.print(f"candidate {row.id}: [bold]{evaluation.verdict}[/] - {evaluation.reason}")
+        out.print(f"candidate c{row.id} (evaluation e{evaluation.id}; `appliance show c{row.id}`): "
+                  f"[bold]{evaluation.verdict}[/] - {evaluation.reason}")
         out.print(f"rank {rank} of {len(ranked)} passing candidates" if rank else "not ranked (did not pass)")
     raise typer.Exit(0 if evaluation.verdict == "pass" else 1)
 
@@ -705,7 +706,7 @@ def _print_summary(summary: Summary, as_json: bool) -> None:
               f"{summary.duplicates} duplicates skipped")
     for label, d in (("seed", summary.seed), ("best", summary.best)):
         if d:
-            out.print(f"  {label}: candidate {d['candidate_id']} ({d['proposer']}) {d['verdict']}, "
+            out.print(f"  {label}: candidate c{d['candidate_id']} ({d['proposer']}) {d['verdict']}, "
                       f"{_x(d['speedup_vs_eager'])} vs eager, {_x(d['speedup_vs_compile'])} vs torch.compile"
                       + (f" - {d['note']}" if d.get("note") else ""))
     out.print(f"  usage: {summary.usage}")
@@ -814,13 +815,28 @@ def runs(
 
 @app.command()
 def show(
-    evaluation_id: Annotated[int, typer.Argument(help="Evaluation id (see `appliance history`).")],
+    ident: Annotated[str, typer.Argument(
+        metavar="ID", help="An evaluation (e31, or 31: see `appliance history`) or a candidate (c26: see `runs`, "
+                           "`submit`, the TUI); a candidate shows its evaluation.")],
     as_json: JsonFlag = False,
 ) -> None:
     """Show one stored evaluation: verdict, reason, environment and timings per shape."""
-    found = _store().get_evaluation(evaluation_id)
+    store = _store()
+    kind, number = _parse_id(ident)
+    if kind == "c":
+        candidate = store.get_candidate(number)
+        if candidate is None:
+            err.print(f"error: no candidate c{number} (candidates are listed per run: `appliance runs`, the TUI)")
+            raise typer.Exit(2)
+        evaluation = next((e for c, e in store.run_candidates(candidate.run_id) if c.id == number), None)
+        if evaluation is None:
+            err.print(f"candidate c{number} has no evaluation: it is {candidate.status}"
+                      + (f" ({candidate.failure})" if candidate.failure else ""))
+            raise typer.Exit(1)
+        number = evaluation.id
+    found = store.get_evaluation(number)
     if found is None:
-        err.print(f"error: no evaluation {evaluation_id}")
+        err.print(f"error: no evaluation e{number} (`appliance history` lists them; a candidate's id is c{number})")
         raise typer.Exit(2)
     ev, timings = found
     data = ev.model_dump() | {"timings": [t.model_dump() for t in timings]}
@@ -828,13 +844,24 @@ def show(
         print(json.dumps(data, default=str))
         return
     head = Table.grid(padding=(0, 2))
-    for key in ("id", "created_at", "verdict", "stage", "reason", "device", "mode", "jailed", "memory_limited"):
+    head.add_row("evaluation", f"e{ev.id} (of candidate c{ev.candidate_id}, run {ev.run_id})")
+    for key in ("created_at", "verdict", "stage", "reason", "device", "mode", "jailed", "memory_limited"):
         head.add_row(key, str(data[key]))
     head.add_row("environment", ", ".join(f"{k}={v}" for k, v in (ev.environment or {}).items()))
     out.print(head)
     _print_shapes(ev.details or {})
     if timings:
         _print_timings(data["timings"], ev.device)
+
+
+def _parse_id(ident: str) -> tuple[str, int]:
+    """("e", N) for an evaluation (eN, or a bare N as before), ("c", N) for a candidate (cN)."""
+    text = ident.strip().lower()
+    kind = text[0] if text[:1] in ("c", "e") else "e"
+    digits = text[1:] if text[:1] in ("c", "e") else text
+    if not digits.isdigit():
+        raise typer.BadParameter(f"{ident!r}: give e31 (an evaluation), c26 (a candidate), or 31", param_hint="ID")
+    return kind, int(digits)
 
 
 @app.command()

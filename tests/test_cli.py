@@ -91,8 +91,23 @@ def test_listings_of_an_empty_database_are_empty(appliance, home, command):
 def test_show_unknown_evaluation_exits_2(appliance):
     result = appliance("show", "999")
     assert result.exit_code == 2
-    assert "no evaluation 999" in result.stderr
+    assert "no evaluation e999" in result.stderr
     assert appliance("show", "999", "--json").exit_code == 2
+    assert appliance("show", "c999").exit_code == 2 and "no candidate c999" in appliance("show", "c999").stderr
+    assert appliance("show", "x9").exit_code == 2  # neither kind: a usage error that names both
+
+
+def test_show_takes_a_candidates_id_and_an_evaluations_unambiguously(appliance, softmax_task):
+    # Two evaluations first: candidate and evaluation numbers then differ (a run's seed is c1 and e1 otherwise).
+    appliance.eval_json(softmax_task, candidate("syntax_error"))
+    _, result = appliance.eval_json(softmax_task, candidate("no_modelnew"))
+    by_eval = as_json(appliance("show", f"e{result['evaluation_id']}", "--json"))
+    [(cand_id,)] = sqlite3.connect(os.environ["APPLIANCE_HOME"] + "/appliance.db").execute(
+        "SELECT candidate_id FROM evaluation WHERE id = ?", (result["evaluation_id"],)).fetchall()
+    by_cand = as_json(appliance("show", f"c{cand_id}", "--json"))
+    assert by_eval["id"] == by_cand["id"] == result["evaluation_id"] and "no class ModelNew" in by_cand["reason"]
+    shown = appliance("show", f"c{cand_id}").stdout
+    assert f"e{result['evaluation_id']} (of candidate c{cand_id}" in " ".join(shown.split()), shown
 
 
 def test_eval_with_bad_option_values_exits_2(appliance):

@@ -230,7 +230,7 @@ class Optimizer:
         try:
             rejected = screen.screen(self.task, self._candidate_file(candidate))
         except Exception as exc:  # noqa: BLE001 - a screen that breaks costs only the screening: the GPU decides
-            self.log(f"candidate {candidate.id}: the compile-only check failed ({type(exc).__name__}: {exc}); "
+            self.log(f"candidate c{candidate.id}: the compile-only check failed ({type(exc).__name__}: {exc}); "
                      "evaluating it on the GPU all the same")
             return None
         if rejected is not None:
@@ -314,9 +314,9 @@ class Optimizer:
         if candidate.id not in retried:
             retried.append(candidate.id)
             self.store.set_candidate_status(candidate.id, "queued")
-            self.log(f"candidate {candidate.id}: the worker failed ({error}); queued again")
+            self.log(f"candidate c{candidate.id}: the worker failed ({error}); queued again")
             return None
-        self.log(f"candidate {candidate.id}: the worker failed again ({error}); recorded as an infrastructure failure")
+        self.log(f"candidate c{candidate.id}: the worker failed again ({error}); recorded as an infrastructure failure")
         device = "cpu" if self.pipelines[0].jail.gpu is None else "cuda"
         return Outcome(verdict="infrastructure_failure", stage="load", reason=f"not the candidate's fault: {error}",
                        jailed=True, device=device, mode=self._mode(), details={"infrastructure_error": str(error)})
@@ -345,7 +345,7 @@ class Optimizer:
             best = summarize(self.store, self.run_id, self.state).best or {}
             self.metrics.best(self.run_id, best.get("speedup_vs_eager"), best.get("speedup_vs_compile"))
         speed = f", {o.speedup_vs_eager:.3g}x vs eager" if o.speedup_vs_eager else ""
-        self.log(f"candidate {candidate.id} ({candidate.proposer}{': ' + candidate.note if candidate.note else ''})"
+        self.log(f"candidate c{candidate.id} ({candidate.proposer}{': ' + candidate.note if candidate.note else ''})"
                  f": {o.verdict}{speed}")
 
     # --- proposals ---
