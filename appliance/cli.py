@@ -22,6 +22,7 @@ from appliance.evaluation.host_memory import HostMemory
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
 from appliance.model_cli import model_app
 from appliance.search.loop import OptimizeConfig, Summary
+from appliance.evaluation.timings import CPU_TIMING_NOTE
 from appliance.tasks import load_task, reference_seed
 
 app = typer.Typer(help="Kernel Optimizer Appliance: verified GPU kernel speedups, on your own hardware.",
@@ -161,6 +162,8 @@ def _outcome_json(o: Outcome, evaluation_id: int, run_id: int) -> dict:
         "verdict": o.verdict, "stage": o.stage, "reason": o.reason, "passed": o.passed,
         "jailed": o.jailed, "memory_limited": o.memory_limited, "device": o.device, "mode": o.mode,
         "speedup_vs_eager": o.speedup_vs_eager, "speedup_vs_compile": o.speedup_vs_compile,
+        # On the CPU the ratios are of interpreted kernels against native eager: kept, marked, never GPU speed.
+        "speedups_measured_on": "cuda" if o.device == "cuda" else "cpu-interpreter",
         "timings": o.timings, "environment": o.environment, "evaluation_id": evaluation_id, "run_id": run_id,
         "wall_s": o.details.get("wall_s"), "evidence": o.details.get("evidence"), "ncu": o.details.get("ncu"),
         "shapes": checked_shapes(o.details), "dropped_shapes": o.details.get("dropped_shapes", []),
@@ -229,12 +232,16 @@ def _print_timings(timings: list[dict], device: str) -> None:
         c, e, k = (impls.get(n, {}) for n in ("candidate", "eager", "compile"))
 
         def ratio(base):
-            return f"{base['median_ms'] / c['median_ms']:.3g}x" if base.get("median_ms") and c.get("median_ms") else "-"
+            if not (base.get("median_ms") and c.get("median_ms")):
+                return "-"
+            return f"{base['median_ms'] / c['median_ms']:.3g}x" if device == "cuda" else "cpu"
 
         table.add_row(shape, _ms(c.get("median_ms"), c.get("iqr_ms")), _ms(e.get("median_ms"), e.get("iqr_ms")),
                       _ms(k.get("median_ms"), k.get("iqr_ms")) if not k.get("error") else "failed",
                       ratio(e), ratio(k), *(_evidence(c) if gpu_evidence else ()))
     out.print(table)
+    if device != "cuda":
+        out.print(f"[dim]{CPU_TIMING_NOTE}.[/]", soft_wrap=True)
 
 
 @app.command()
@@ -706,9 +713,12 @@ def _print_summary(summary: Summary, as_json: bool) -> None:
               f"{summary.duplicates} duplicates skipped")
     for label, d in (("seed", summary.seed), ("best", summary.best)):
         if d:
-            out.print(f"  {label}: candidate c{d['candidate_id']} ({d['proposer']}) {d['verdict']}, "
-                      f"{_x(d['speedup_vs_eager'])} vs eager, {_x(d['speedup_vs_compile'])} vs torch.compile"
-                      + (f" - {d['note']}" if d.get("note") else ""))
+            speed = (f"{_x(d['speedup_vs_eager'])} vs eager, " + (
+                f"{_x(d['speedup_vs_compile'])} vs torch.compile" if d.get("speedup_vs_compile") else
+                "torch.compile not timed (the loop times it on a GPU only: its first call compiles for minutes)")
+                if d.get("device") == "cuda" else "timed on the CPU (Triton's interpreter): no GPU speed, no speedup")
+            out.print(f"  {label}: candidate c{d['candidate_id']} ({d['proposer']}) {d['verdict']}, {speed}"
+                      + (f" - {d['note']}" if d.get("note") else ""), soft_wrap=True)
     out.print(f"  usage: {summary.usage}")
 
 
@@ -766,7 +776,8 @@ def history(
     for r in rows:
         cells = dict(zip(["id", "when", "task", "candidate", "verdict", "stage", "vs eager", "vs compile", "device"],
                          [str(r.id), f"{r.created_at:%m-%d %H:%M}", r.task_name, Path(r.candidate_path or "-").name,
-                          r.verdict, r.stage, _x(r.speedup_vs_eager), _x(r.speedup_vs_compile), r.device]))
+                          r.verdict, r.stage, _x(r.speedup_vs_eager, r.device), _x(r.speedup_vs_compile, r.device),
+                          r.device]))
         table.add_row(*(cells[c] for c in columns))
     out.print(table)
     out.print("`appliance show ID` prints an evaluation's reason, environment and timings.")
@@ -896,7 +907,10 @@ def doctor(
     raise typer.Exit(0 if report["ok"] else 3)
 
 
-def _x(value: float | None) -> str:
+def _x(value: float | None, device: str | None = "cuda") -> str:
+    """A speedup as a table shows it; on the CPU none (interpreted kernels against native eager: no GPU speed)."""
+    if device not in (None, "cuda"):
+        return "cpu" if value else "-"
     return f"{value:.3g}x" if value else "-"
 
 

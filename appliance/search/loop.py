@@ -344,7 +344,9 @@ class Optimizer:
         if self.metrics and o.passed:
             best = summarize(self.store, self.run_id, self.state).best or {}
             self.metrics.best(self.run_id, best.get("speedup_vs_eager"), best.get("speedup_vs_compile"))
-        speed = f", {o.speedup_vs_eager:.3g}x vs eager" if o.speedup_vs_eager else ""
+        speed = ("" if not o.speedup_vs_eager else f", {o.speedup_vs_eager:.3g}x vs eager" if o.device == "cuda"
+                 else f", {o.timings[0]['median_ms']:.3g} ms in the interpreter (CPU: no GPU speed)"
+                 if o.timings else "")
         self.log(f"candidate c{candidate.id} ({candidate.proposer}{': ' + candidate.note if candidate.note else ''})"
                  f": {o.verdict}{speed}")
 
@@ -508,7 +510,7 @@ def summarize(store: Store, run_id: int, state: dict | None = None) -> Summary:
         e = entry.evaluation
         return {"candidate_id": entry.candidate.id, "proposer": entry.candidate.proposer, "verdict": e.verdict,
                 "speedup_vs_eager": e.speedup_vs_eager, "speedup_vs_compile": e.speedup_vs_compile,
-                "evaluation_id": e.id, "note": entry.candidate.note}
+                "evaluation_id": e.id, "note": entry.candidate.note, "device": e.device}
 
     tokens = sum(c.tokens_in + c.tokens_out for c, _ in rows)
     return Summary(run_id=run_id, status=run.status, evaluated=sum(1 for _, e in rows if e is not None),
