@@ -301,12 +301,17 @@ def optimize(
             if chosen not in ("tune", "llm"):
                 raise ApplianceError(f"--proposer takes tune or llm, not {chosen!r}")
             seed_proposer = "seed"
-            if seed_file.is_file():
+            if start_from is not None and not start_from.is_file():
+                raise ApplianceError(f"--from {start_from}: no such file")
+            if start_from is not None and chosen == "tune" and not _declares_tunables(start_from):
+                raise ApplianceError(f"the tuner changes only a kernel's declared TUNABLES, and {start_from} declares "
+                                     "none: declare them (appliance/proposers/tune.py says how), leave out --from "
+                                     "to start from torch.compile's kernels (which declare their launch configs), "
+                                     "or use --proposer llm")
+            if seed_file.is_file() and (chosen == "llm" or start_from is not None or _declares_tunables(seed_file)):
                 seed_source, seed_path, seed_note = (seed_file.read_text(errors="replace"), str(seed_file.resolve()),
                                                      "seed candidate")
-            elif start_from is not None:
-                raise ApplianceError(f"--from {start_from}: no such file")
-            else:  # no kernel yet: torch.compile's own, written out (the LLM gets it as its parent too)
+            else:  # no kernel the proposer can work on: torch.compile's own, written out (an LLM's parent too)
                 captured = _compile_seed(t, device, mode, gpus, unsafe_no_jail or s.unsafe_no_jail, as_json)
                 if captured.source is not None:
                     seed_source, seed_path, seed_note, seed_proposer = captured.source, None, captured.note, "compile"
@@ -739,12 +744,13 @@ def tasks(as_json: JsonFlag = False) -> None:
             "sizes": t.sizes, "small_sizes": t.shapes("small")[0].sizes,
             "extra_shapes": [s.name for s in t.manifest.shapes],
             "baseline": str(baseline) if baseline.is_file() else None,
+            "optimise_with": _optimise_with(baseline),
         })
     if as_json:
         print(json.dumps(rows))
         return
     table = Table(title=f"Tasks in {suite}")
-    for col in ("name", "description", "dtype", "sizes (full)", "extra shapes", "baseline"):
+    for col in ("name", "description", "dtype", "sizes (full)", "extra shapes", "optimise with"):
         table.add_column(col)
     for r in rows:
         if "error" in r:
@@ -752,8 +758,26 @@ def tasks(as_json: JsonFlag = False) -> None:
             continue
         sizes = ", ".join(f"{k}={v}" for k, v in r["sizes"].items())
         table.add_row(r["name"], r["description"], r["dtype"] or "as get_inputs", sizes,
-                      ", ".join(r["extra_shapes"]), "yes" if r["baseline"] else "-")
+                      ", ".join(r["extra_shapes"]), r["optimise_with"])
     out.print(table)
+
+
+def _optimise_with(baseline: Path) -> str:
+    """What `optimize TASK` (no --from) starts from, for each proposer."""
+    if not baseline.is_file():
+        return "tune, llm: from torch.compile's kernels (the compile seed)"
+    if _declares_tunables(baseline):
+        return "tune, llm: from the bundled baseline"
+    return "tune: from torch.compile's kernels (the baseline declares no TUNABLES); llm: from the bundled baseline"
+
+
+def _declares_tunables(path: Path) -> bool:
+    from appliance.proposers.tune import TuneError, read_tunables
+
+    try:
+        return bool(read_tunables(path.read_text(errors="replace")))
+    except (TuneError, OSError):
+        return False
 
 
 @app.command()

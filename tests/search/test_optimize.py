@@ -221,6 +221,14 @@ def test_a_tuner_run_without_a_seed_says_what_to_give(appliance, home):
     assert "could not capture one graph" in said, said  # why torch.compile's kernels are no seed here
 
 
+def test_a_tuner_run_from_a_kernel_without_tunables_is_refused_at_the_start_with_what_works(appliance, home):
+    result = appliance("optimize", str(REPO / "tests/fixtures/tasks/rowsoftmax.py"), "--from",
+                       str(candidate("good")), "--proposer", "tune", *FAST)
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "declares none" in said and "leave out --from" in said, said
+    assert "--proposer llm" in said and json.loads(appliance("runs", "--json").stdout) == []  # no run made
+
+
 def test_an_llm_run_with_no_endpoint_fails_at_once_and_is_not_left_created(appliance, home, monkeypatch):
     monkeypatch.delenv("APPLIANCE_LLM_URL", raising=False)
     result = appliance("optimize", str(SOFTMAX), "--proposer", "llm", *FAST)
