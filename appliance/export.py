@@ -60,7 +60,8 @@ def export_run(store: Store, run_id: int, out_dir: Path) -> Exported:
     _, timings = store.get_evaluation(won.evaluation.id)
     name = task_row.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    patch = unified_diff(task_row.source, won.candidate.source, f"a/{name}.py", f"b/{name}.py")
+    patch = drop_in_patch(task_row.source, won.candidate.source, name, f"run {run.id}, candidate c{won.candidate.id}"
+                          + ("" if won.approved else ", NOT APPROVED"))
     rows = store.run_candidates(run_id)
     charts = {"speedup.svg": speedup_chart(timings), "convergence.svg": convergence_chart(convergence(rows)),
               "roofline.svg": roofline_chart(timings)}
@@ -77,6 +78,46 @@ def export_run(store: Store, run_id: int, out_dir: Path) -> Exported:
     for filename, text in files.items():
         (out_dir / filename).write_text(text)
     return Exported(out_dir, [out_dir / f for f in files], run_id, won.candidate.id, won.evaluation.id, won.approved)
+
+
+def drop_in_patch(task_source: str, winner_source: str, name: str, origin: str) -> str:
+    """A patch that leaves the task module working with the winner in Model's place: it adds NAME_optimized.py
+    (the winner, exactly as evaluated) and, in NAME.py, renames the reference class ReferenceModel and binds Model
+    to the winner's ModelNew, loaded from the file beside it. get_inputs(), get_init_inputs(), the sizes and every
+    helper of the task stay as they were, so code that imports Model from it gets the optimised one."""
+    patched = _rename_class(task_source, "Model", "ReferenceModel")
+    patched = patched.rstrip("\n") + "\n" + DROP_IN.format(origin=origin, name=name)
+    return (unified_diff(task_source, patched, f"a/{name}.py", f"b/{name}.py")
+            + unified_diff("", winner_source, "/dev/null", f"b/{name}_optimized.py"))
+
+
+DROP_IN = '''
+
+# --- Optimised by the Kernel Optimizer Appliance ({origin}): the winner, {name}_optimized.py beside this
+# file, takes Model's place; the reference stays as ReferenceModel.
+def _optimized_model():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).with_name("{name}_optimized.py")
+    spec = importlib.util.spec_from_file_location(f"{{__name__}}_optimized", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ModelNew
+
+
+Model = _optimized_model()
+'''
+
+
+def _rename_class(source: str, old: str, new: str) -> str:
+    """`class old` renamed `new` where it is defined (top level); other uses of the name then mean the winner."""
+    import re
+
+    renamed, count = re.subn(rf"^class {old}\b", f"class {new}", source, flags=re.M)
+    if count != 1:
+        raise ApplianceError(f"the task defines class {old} {count} times at the top level: no drop-in patch")
+    return renamed
 
 
 def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
@@ -176,16 +217,20 @@ def _report(store: Store, run, task_row, won: Winner, timings: list[Timing], pat
 
     report.h2("Files")
     report.table(["file", "what"], [
-        [f"{task_row.name}.patch", f"unified diff from the task's reference ({task_row.path}) to the winner: "
-                                   "`patch -p1` or `git apply` next to the task file"],
+        [f"{task_row.name}.patch", f"`patch -p1` or `git apply` next to the task file ({task_row.path}): adds "
+                                   f"{task_row.name}_optimized.py and makes the task's `Model` the winner (the "
+                                   "reference stays as `ReferenceModel`; inputs, sizes and helpers stay)"],
         [f"{task_row.name}_optimized.py", "the winner as a drop-in module: `ModelNew` takes `Model`'s constructor "
                                           "arguments and inputs; exactly the evaluated source"],
         ["evaluation.json", "the stored evaluation and timing rows, as recorded"],
     ])
 
     report.h2("Speedup per shape")
-    report.figure("speedup.svg", "Speedup of the winner over eager PyTorch and torch.compile, per shape "
-                                 "(log scale, right of 1x is faster).")
+    baselines = sorted({t.implementation for t in timings} - {"candidate"})
+    over = " and ".join("torch.compile" if b == "compile" else "eager PyTorch" if b == "eager" else b
+                        for b in baselines) or "no baseline"
+    report.figure("speedup.svg", f"Speedup of the winner over {over}, per shape (log scale, right of 1x is "
+                                 "faster)" + (": CPU timings, not GPU speed." if cpu else "."))
     report.table(["shape", "sizes", "implementation", "median ms", "IQR ms", "min ms", "reps", "speedup",
                   "roofline", "GB/s", "mJ/call", "device-wide ms"], _timing_rows(timings))
 

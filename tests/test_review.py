@@ -4,9 +4,11 @@ drop-in module, Markdown and self-contained HTML report) and recheck (real re-ev
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 
 from appliance.db.models import Timing
 from appliance.recheck import compare_timings
@@ -53,12 +55,22 @@ def test_export_writes_a_patch_a_drop_in_module_and_reports_with_the_evidence(db
     report = (out / "report.md").read_text()
     assert "NOT APPROVED" in report
 
-    # The patch turns the task's reference into exactly the evaluated winner.
+    # The patch drops in: it adds the winner, exactly as evaluated, and the task module keeps working with the
+    # winner in Model's place (inputs, sizes and helpers as they were; the reference as ReferenceModel).
     work = tmp_path / "apply"
     work.mkdir()
     shutil.copy(SOFTMAX, work / "softmax.py")
     subprocess.run(["patch", "-p1", "-s", "-i", str(out / "softmax.patch")], cwd=work, check=True)
-    assert (work / "softmax.py").read_text() == (out / "softmax_optimized.py").read_text() == best.candidate.source
+    assert (work / "softmax_optimized.py").read_text() == (out / "softmax_optimized.py").read_text() \
+        == best.candidate.source
+    check = ("import sys, torch; sys.path.insert(0, '.'); import softmax as t; t.batch_size, t.dim = 3, 37; "
+             "torch.manual_seed(0); x = t.get_inputs(); m = t.Model(*t.get_init_inputs()); "
+             "r = t.ReferenceModel(*t.get_init_inputs()); "
+             "assert type(m).__name__ == 'ModelNew', type(m); "
+             "torch.testing.assert_close(m(*x), r(*x)); print('drop-in ok')")
+    ran = subprocess.run([sys.executable, "-c", check], cwd=work, capture_output=True, text=True,
+                         env=os.environ | {"TRITON_INTERPRET": "1"}, timeout=120)
+    assert "drop-in ok" in ran.stdout, ran.stderr[-2000:]
 
     cli("approve", best.candidate.id, "--comment", "numbers hold on every shape")
     assert json.loads(cli("export", "1", "--out", out, "--json").stdout)["approved"] is True
