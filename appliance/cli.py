@@ -6,9 +6,11 @@ Exit codes: 0 success (for `eval`: the candidate passed), 1 candidate rejected, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -132,10 +134,16 @@ def eval_(
         if unsafe:
             err.print("[bold red]UNSAFE: --unsafe-no-jail: the candidate runs WITHOUT the jail.[/]")
         pipeline = Pipeline(jail, settings)
-        try:
-            outcome = pipeline.evaluate(t, candidate)
-        finally:
-            pipeline.close()
+        with contextlib.ExitStack() as live:
+            if not as_json and err.is_terminal:  # stages as they happen; nothing of this under --json or in a pipe
+                status = live.enter_context(err.status("checking the candidate's text", spinner="dots"))
+                started = time.monotonic()
+                pipeline.progress = lambda stage: status.update(f"{stage} ({time.monotonic() - started:.0f} s "
+                                                                "so far)")
+            try:
+                outcome = pipeline.evaluate(t, candidate)
+            finally:
+                pipeline.close()
         evaluation_id, run_id = _record(t, candidate, outcome, settings)
     except ApplianceError as e:
         _fail(e, as_json)
@@ -345,10 +353,16 @@ def optimize(
             raise
         log = (lambda _: None) if as_json else (lambda line: err.print(f"[dim]run {run.id}:[/] {line}",
                                                                         highlight=False))
-        optimizer = Optimizer(store, run.id, t, pipelines, proposer_of_run, config,
-                              s.home / "runs" / str(run.id), log,
-                              screens=_screens(config, pipelines, unsafe_no_jail or s.unsafe_no_jail))
-        summary = optimizer.run()
+        with contextlib.ExitStack() as live:
+            status = None
+            if not as_json and err.is_terminal:  # a live line under the log; nothing of it in a pipe or --json
+                spinner = live.enter_context(err.status(f"run {run.id}: starting", spinner="dots"))
+                status = spinner.update
+            optimizer = Optimizer(store, run.id, t, pipelines, proposer_of_run, config,
+                                  s.home / "runs" / str(run.id), log,
+                                  screens=_screens(config, pipelines, unsafe_no_jail or s.unsafe_no_jail),
+                                  status=status)
+            summary = optimizer.run()
     except ApplianceError as e:
         _fail(e, as_json)
     _print_summary(summary, as_json)

@@ -157,6 +157,8 @@ class Pipeline:
 
     def __init__(self, jail: Jail, settings: EvalSettings, slots: int = 1, host_memory: HostMemory | None = None):
         self.jail, self.settings, self.slots = jail, settings, max(1, slots)
+        # What a person watching one evaluation is told as it goes (`appliance eval` in a terminal): stage names.
+        self.progress: Callable[[str], None] = lambda _stage: None
         meter = None
         if jail.gpu is not None:
             from sandbox.harness.energy import EnergyMeter
@@ -298,6 +300,8 @@ class Pipeline:
         wall: dict[str, float] = {}  # seconds per process of this evaluation
         turns: list[dict] = []  # device turns of this evaluation's processes
         # 1. The baselines and the calibration, from the task's own code (or kept from an earlier candidate).
+        self.progress(f"preparing the task: its inputs at {len(task.shapes(mode))} shape(s), the baselines "
+                      f"({', '.join(s.baselines)}) loaded, checked against float64 and timed")
         if s.reuse_inputs:
             prepared = self._kept_inputs(task, device, mode, wall, turns)
         else:
@@ -324,6 +328,8 @@ class Pipeline:
                                                         "calibration": prepared["calibration"]}
         kept = {sh["name"] for sh in prepared["shapes"]}  # not the derived shapes the reference could not run
         spec["shapes"] = [sh for sh in spec["shapes"] if sh["name"] in kept]
+        self.progress(f"the candidate, jailed: loading and compiling, correctness at {len(kept)} shape(s) and "
+                      f"{task.manifest.seeds} seed(s), then timing")
         referee, run = self._candidate(task, spec, job, source, resident, wall, turns, details)
         details["device_turns"] = _sum_turns(turns)
         details["candidate_stderr"] = run.stderr[-4000:]

@@ -78,8 +78,9 @@ class Optimizer:
     def __init__(self, store: Store, run_id: int, task: Task, pipelines: list[Pipeline], proposer,
                  config: OptimizeConfig, work_dir: Path, log: Callable[[str], None] = lambda _: None,
                  metrics: Metrics | None = None, should_stop: Callable[[], bool] = lambda: False,
-                 screens: list | None = None):
+                 screens: list | None = None, status: Callable[[str], None] | None = None):
         self.store, self.run_id, self.task, self.pipelines = store, run_id, task, pipelines
+        self.status = status  # a live line for a terminal: evaluated, in flight, best so far, budget left
         # Compile-only checks before a candidate takes a GPU slot (evaluation/compile_screen.py; CPU-only nodes).
         self.screens = list(screens or [])
         self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
@@ -192,6 +193,8 @@ class Optimizer:
                     started = time.monotonic()
                     self.state["heartbeat"] = time.time()  # a controller on another host tells a live run by it
                     self.store.update_run(self.run_id, state=self.state)
+                    if self.status:  # (a read of the run: only for someone watching)
+                        self.status(self._status_line(recorded, len(in_flight) + len(screening)))
             finally:
                 # What was started finishes and is recorded (a pause or a shutdown loses no evaluation in flight).
                 failure = None
@@ -258,6 +261,20 @@ class Optimizer:
     def _external_status(self) -> str | None:
         status = self.store.get_run(self.run_id).status
         return status if status in ("paused", "stopped") else None
+
+    def _status_line(self, recorded: int, in_flight: int) -> str:
+        c = self.config
+        best = summarize(self.store, self.run_id, self.state).best
+        shown = "-" if not best else (f"c{best['candidate_id']} {best['speedup_vs_eager']:.3g}x vs eager"
+                                      if best.get("device") == "cuda" and best.get("speedup_vs_eager")
+                                      else f"c{best['candidate_id']} (passes; CPU: no speedup quoted)")
+        left = [f"{c.max_candidates - recorded} of {c.max_candidates} evaluations"]
+        if c.max_wall_s is not None:
+            left.append(f"{max(0.0, c.max_wall_s - self.state['elapsed_s']):.0f} s")
+        if c.max_gpu_seconds is not None:
+            left.append(f"{max(0.0, c.max_gpu_seconds - self.state['gpu_seconds']):.0f} GPU-s")
+        return (f"run {self.run_id}: {recorded} evaluated in this session, {in_flight} in flight, best {shown}; "
+                f"left: {', '.join(left)}")
 
     def _budget_status(self) -> str:
         # Budgets are read from the database each time: the TUI (or anyone) may change them while the run goes on.
