@@ -11,7 +11,9 @@ locks that row first (`with_for_update`, ignored by SQLite) and sees the latest 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import random
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -26,7 +28,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event, func, text
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, col, select
 
@@ -57,6 +59,28 @@ def sha256(text: str) -> str:
 def display_url(url: str) -> str:
     """A database URL fit for logs and reports: the password hidden."""
     return make_url(url).render_as_string(hide_password=True)
+
+
+BUSY_RETRIES = 5  # after SQLite's own busy wait: tries again, backing off, before the error reaches the caller
+
+
+def _retry_when_busy(method):
+    """A write that found SQLite's write lock held past its busy wait (a loaded host, a writer holding on) is run
+    again, backing off with jitter: the transaction rolled back, so nothing was half written. Other errors, and the
+    last attempt's, go to the caller."""
+
+    @functools.wraps(method)
+    def retried(self, *args, **kwargs):
+        for attempt in range(BUSY_RETRIES + 1):
+            try:
+                return method(self, *args, **kwargs)
+            except OperationalError as error:
+                if attempt == BUSY_RETRIES or not any(w in str(error) for w in ("database is locked", "busy")):
+                    raise
+                time.sleep(min(2.0, 0.05 * 4 ** attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    return retried
 
 
 def make_engine(url: str) -> Engine:
@@ -203,6 +227,7 @@ class Store:
 
     # --- writes ---
 
+    @_retry_when_busy
     def get_or_add_task(self, name: str, path: str | Path, source: str, manifest: str = "") -> Task:
         """The task stored for this file and content, added if new. `path` is stored resolved (absolute)."""
         resolved, digest = str(Path(path).resolve()), sha256(source)
@@ -224,6 +249,7 @@ class Store:
             # that out) and the unique (path, source_sha256) refused ours; now the SELECT finds theirs.
             return get_or_add()
 
+    @_retry_when_busy
     def add_run(self, task_id: int, kind: str, config: dict[str, Any] | None = None) -> Run:
         with self._write() as session:
             run = Run(task_id=task_id, kind=kind, status="created", config=config or {})
@@ -238,6 +264,7 @@ class Store:
             raise ValueError(f"a run finishes as 'finished' or 'failed', not {status!r}")
         return self._set_run_status(run_id, status, finished_at=utc_now())
 
+    @_retry_when_busy
     def _set_run_status(self, run_id: int, status: str, finished_at: datetime | None = None) -> Run:
         assert status in RUN_STATUSES, status
         with self._write() as session:
@@ -247,6 +274,7 @@ class Store:
             run.status, run.finished_at = status, finished_at
             return run
 
+    @_retry_when_busy
     def add_candidate(
         self,
         run_id: int,
@@ -281,6 +309,7 @@ class Store:
             speedup_vs_compile=o.speedup_vs_compile, environment=o.environment, details=o.details,
             timings=[{k: t.get(k) for k in _TIMING_FIELDS} for t in o.timings])
 
+    @_retry_when_busy
     def set_candidate_status(self, candidate_id: int, status: str) -> None:
         with self._write() as session:
             candidate = session.get(Candidate, candidate_id, with_for_update=_ROW_LOCK)
@@ -288,6 +317,7 @@ class Store:
                 raise KeyError(f"no candidate {candidate_id}")
             candidate.status = status
 
+    @_retry_when_busy
     def close_queue(self, run_id: int, why: str) -> int:
         """A finished run's candidates still queued are marked `not_evaluated`, with why (a resume with a larger
         budget queues them again). Returns how many."""
@@ -298,6 +328,7 @@ class Store:
                 candidate.status, candidate.failure = "not_evaluated", why
             return len(rows)
 
+    @_retry_when_busy
     def requeue_unfinished(self, run_id: int) -> int:
         """After a crash: candidates left mid-evaluation go back to the queue (and, on a resume, those a finished
         session left unevaluated). Returns how many."""
@@ -311,6 +342,7 @@ class Store:
                 candidate.status, candidate.failure = "queued", None
             return len(rows)
 
+    @_retry_when_busy
     def claim_run(self, run_id: int, expected: str = "queued", status: str = "running") -> bool:
         """Move a run from `expected` to `status` unless someone else already did (two controllers, one queue):
         True for the one caller whose change took effect."""
@@ -321,6 +353,7 @@ class Store:
             run.status, run.finished_at = status, None
             return True
 
+    @_retry_when_busy
     def update_run(self, run_id: int, *, status: str | None = None, state: dict[str, Any] | None = None,
                    config: dict[str, Any] | None = None) -> Run:
         assert status is None or status in RUN_STATUSES, status
@@ -337,6 +370,7 @@ class Store:
                 run.config = dict(config)
             return run
 
+    @_retry_when_busy
     def add_evaluation(
         self,
         candidate_id: int,
@@ -482,6 +516,7 @@ class Store:
     # --- human review: approvals and rechecks (appliance/review.py) ---
     # Models imported here so this block stays separate from the imports at the top of the file.
 
+    @_retry_when_busy
     def add_approval(self, run_id: int, candidate_id: int, decision: str, who: str, comment: str) -> Any:
         from appliance.db.models import Approval
 
@@ -502,6 +537,7 @@ class Store:
         with self._read() as session:
             return list(session.exec(query).all())
 
+    @_retry_when_busy
     def add_recheck(self, approval_id: int, candidate_id: int, baseline_evaluation_id: int, evaluation_id: int,
                     regressed: bool, reason: str) -> Any:
         from appliance.db.models import Recheck

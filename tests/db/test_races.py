@@ -129,3 +129,38 @@ def test_a_candidate_evaluated_during_a_requeue_stays_evaluated(stores: list[Sto
                              lambda: other.requeue_unfinished(run.id))
     assert requeued == 0
     assert first.get_candidate(candidate.id).status == "evaluated"
+
+
+def test_a_write_that_finds_sqlite_locked_past_its_busy_wait_is_tried_again(tmp_path: Path, monkeypatch) -> None:
+    """Another process holds SQLite's write lock longer than the busy wait (a loaded host): the Store backs off
+    and writes once the lock is free, instead of failing the evaluation with `database is locked`."""
+    import sqlite3
+    import threading
+
+    import appliance.db.store as store_module
+
+    monkeypatch.setattr(store_module, "_SQLITE_BUSY_S", 0.1)  # SQLite's own wait runs out at once
+    path = tmp_path / "appliance.db"
+    store = Store.open(f"sqlite:///{path}")
+    task = store.get_or_add_task("relu", tmp_path / "relu.py", "src", "")
+    run = store.add_run(task.id, "optimize", {})
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, held for 0.6 s
+    release = threading.Timer(0.6, holder.execute, args=("COMMIT",))
+    release.start()
+    try:
+        store.update_run(run.id, status="running")  # waits out the holder by retrying
+    finally:
+        release.join()
+        holder.close()
+    assert store.get_run(run.id).status == "running"
+    monkeypatch.setattr(store_module, "BUSY_RETRIES", 0)  # and without retries the same wait is an error
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(sa.exc.OperationalError, match="locked"):
+            store.update_run(run.id, status="paused")
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+        store.close()
