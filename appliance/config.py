@@ -43,6 +43,7 @@ class Settings:
     llm_model: str = ""  # APPLIANCE_LLM_MODEL: the served model name
     llm_api_key: str = "EMPTY"  # APPLIANCE_LLM_API_KEY
     llm_max_tokens: int = 4096  # APPLIANCE_LLM_MAX_TOKENS: completion tokens per request (prompt + this <= context)
+    llm_max_tokens_set: bool = False  # whether the environment set it (a model profile's max_tokens yields to it)
     # APPLIANCE_EXECUTOR: where evaluations run: local (in this process; the controller always uses worker processes)
     # | workers (one worker process per GPU) | ray://HOST:PORT | auto | HOST:PORT (Ray)
     executor: str = "local"
@@ -75,6 +76,7 @@ class Settings:
                    llm_model=os.environ.get("APPLIANCE_LLM_MODEL", ""),
                    llm_api_key=os.environ.get("APPLIANCE_LLM_API_KEY", "EMPTY"),
                    llm_max_tokens=int(os.environ.get("APPLIANCE_LLM_MAX_TOKENS", "4096")),
+                   llm_max_tokens_set="APPLIANCE_LLM_MAX_TOKENS" in os.environ,
                    executor=os.environ.get("APPLIANCE_EXECUTOR") or "local",
                    jobs=Path(os.environ["APPLIANCE_JOBS_DIR"]) if os.environ.get("APPLIANCE_JOBS_DIR") else None,
                    host_memory_gib=_positive_float("APPLIANCE_HOST_MEMORY_GIB"),

@@ -109,12 +109,16 @@ def serve(
 def _serve_and_wait(profile: Profile, argv: list[str], env: dict[str, str], timeout_s: float) -> int:
     # Own process group: vLLM starts engine processes, and stopping must end all of them.
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    asked: list[int] = []
 
-    def forward(signum, _frame):
-        os.killpg(proc.pid, signum)
+    def stop_now(signum, _frame):
+        # At any moment, start-up included: vLLM may not act on a signal while its engine starts, so the whole
+        # group is stopped here (SIGTERM, then SIGKILL after the grace), from this process's main loop.
+        asked.append(signum)
+        raise KeyboardInterrupt
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, forward)
+        signal.signal(sig, stop_now)
     try:
         deadline = time.monotonic() + timeout_s
         while not _healthy(profile):
@@ -130,12 +134,23 @@ def _serve_and_wait(profile: Profile, argv: list[str], env: dict[str, str], time
         for problem in problems:
             err.print(f"[bold red]problem:[/] {problem}", highlight=False)
         if not problems:
-            err.print(f"[green]ready:[/] {profile.base_url} serves {profile.served_name!r}", highlight=False)
+            err.print(f"[green]ready:[/] {profile.base_url} serves {profile.served_name!r}; for the proposer: "
+                      f"APPLIANCE_LLM_URL={profile.base_url} APPLIANCE_LLM_MODEL={profile.served_name}"
+                      + (f" APPLIANCE_LLM_MAX_TOKENS={profile.max_tokens}" if profile.max_tokens else ""),
+                      highlight=False, soft_wrap=True)
         code = proc.wait()
         return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+    except KeyboardInterrupt:
+        signum = asked[-1] if asked else signal.SIGINT
+        err.print(f"stopping vLLM ({signal.Signals(signum).name}): its whole process group", highlight=False)
+        _stop(proc)
+        return 128 + signum
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # (a second signal must not cut the stop short)
         if proc.poll() is None:
             _stop(proc)
+        _reap_group(proc.pid)
 
 
 def _healthy(profile: Profile) -> bool:
@@ -146,7 +161,15 @@ def _healthy(profile: Profile) -> bool:
         return False
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+def _reap_group(pgid: int) -> None:
+    """vLLM's engine processes are in its group; one left behind (its parent gone first) is killed."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(grace_s)
@@ -167,7 +190,7 @@ def check_(
                                                         help="Take the URL and model from this profile.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Completion tokens the proposer will ask for: must fit "
                                                            "the model's window (default: APPLIANCE_LLM_MAX_TOKENS, "
-                                                           "else 4096).")] = None,
+                                                           "else the profile's max_tokens, else 4096).")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds per request.")] = 60.0,
     as_json: JsonFlag = False,
 ) -> None:
@@ -178,7 +201,9 @@ def check_(
     profile = _load(profile_name) if profile_name else None
     url = url or (profile.base_url if profile else None) or s.llm_url or "http://127.0.0.1:8000/v1"
     model = model or (profile.served_name if profile else None) or s.llm_model
-    max_tokens = max_tokens if max_tokens is not None else s.llm_max_tokens
+    if max_tokens is None:  # what the proposer will use: the environment's, else the profile's, else 4096
+        max_tokens = (s.llm_max_tokens if s.llm_max_tokens_set or not (profile and profile.max_tokens)
+                      else profile.max_tokens)
     problems = check(url, model, max_tokens=max_tokens, api_key=s.llm_api_key, timeout_s=timeout)
     if problems and problems[0].startswith("no vLLM server"):
         start = f"appliance model serve {profile.name}" if profile else "appliance model serve PROFILE"

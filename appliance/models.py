@@ -66,6 +66,9 @@ class Profile(BaseModel):
     description: str
     weights_dir: str  # a local model directory (config.json + weights); ${APPLIANCE_MODELS} and ~ are expanded
     served_name: str = Field(min_length=1)  # what clients pass as `model` (APPLIANCE_LLM_MODEL)
+    # Completion tokens the proposer should ask this model for (APPLIANCE_LLM_MAX_TOKENS): room for the prompt in
+    # its window. None: the proposer's default (4096).
+    max_tokens: int | None = Field(None, ge=1)
     device: Literal["cuda", "cpu"] = "cuda"
     gpu: int | list[int] = 0  # the LLM GPU (nvidia-smi numbering); one per tensor-parallel rank
     host: str = "127.0.0.1"  # the proposer is local; nothing else should reach the model

@@ -242,8 +242,9 @@ def test_real_serve_then_check():
             assert proc.poll() is None, f"serve exited with {proc.returncode}:\n{tail}"
             assert time.monotonic() < deadline, f"no /health within 300 s:\n{tail}"
             time.sleep(1)
+        # The profile's own max_tokens: the bundled profile passes its own check with no flag.
         result = model("check", "--profile", "smollm2-135m-cpu", "--url", f"http://127.0.0.1:{port}/v1",
-                       "--max-tokens", "256", "--timeout", "120")
+                       "--timeout", "120")
         assert result.exit_code == 0, result.output
     finally:
         _kill_group(proc)
@@ -260,3 +261,36 @@ def _kill_group(proc: subprocess.Popen) -> None:
             proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             pass
+
+
+def test_serve_stops_on_sigterm_during_start_up_with_its_engine_children(tmp_path):
+    """vLLM may ignore a SIGTERM while its engine starts: `model serve --wait` stops the whole group anyway (SIGTERM,
+    then SIGKILL after the grace), children included, and exits 128 + 15."""
+    weights = tmp_path / "w"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    (weights / "model.safetensors").write_text("")
+    fake = tmp_path / "python"  # a "vLLM" that ignores SIGTERM, starts an engine child and never answers /health
+    fake.write_text(f"#!/bin/bash\n[ \"$1\" = -c ] && exit 0\ntrap '' TERM\nsleep 600 &\necho $! > {tmp_path}/child\n"
+                    "while true; do sleep 0.2; done\n")
+    fake.chmod(0o755)
+    path = write(tmp_path, MINIMAL.replace("WEIGHTS", str(weights)) + f'python = "{fake}"\nport = 8391\n')
+    proc = subprocess.Popen([sys.executable, "-m", "appliance", "model", "serve", str(path), "--wait"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "child").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    child = int((tmp_path / "child").read_text())
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=40)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the engine child is gone too
+
+
+def test_check_asks_for_the_profiles_max_tokens_unless_the_environment_sets_it(monkeypatch):
+    args = ("check", "--profile", "smollm2-135m-cpu", "--url", "http://127.0.0.1:9/v1", "--json", "--timeout", "1")
+    assert json.loads(model(*args).stdout)["max_tokens"] == load_profile("smollm2-135m-cpu").max_tokens == 512
+    monkeypatch.setenv("APPLIANCE_LLM_MAX_TOKENS", "300")
+    assert json.loads(model(*args).stdout)["max_tokens"] == 300
