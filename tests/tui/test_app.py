@@ -118,9 +118,12 @@ async def test_a_decision_needs_a_comment_and_only_a_passing_candidate_is_approv
     async with app.run_test(size=SIZE) as pilot:
         seen = spy_notifications(app)
         await settle(pilot)
-        await pilot.press("x", "enter")  # reject with an empty comment
+        await pilot.press("x", "enter")  # reject with an empty comment: refused in the dialog, which stays open
         await settle(pilot)
-        assert store.approvals(1) == [] and any("needs a comment" in m for m in seen)
+        await until(pilot, lambda: "needs a comment" in text(app, "#form-error"), what="the refusal in the dialog")
+        assert store.approvals(1) == [] and isinstance(app.screen, FormScreen)
+        await pilot.press("escape")
+        await settle(pilot)
 
         failed = next(i for i, r in enumerate(cells(app)) if r[2] == "compile_error")
         app.screen.query_one(LiveTable).move_cursor(row=failed)
@@ -130,7 +133,11 @@ async def test_a_decision_needs_a_comment_and_only_a_passing_candidate_is_approv
         await type_text(pilot, "ship it")
         await pilot.press("enter")
         await settle(pilot)
-        assert store.approvals(1) == [] and any("cannot be approved: compile_error" in m for m in seen)
+        await until(pilot, lambda: "cannot be approved: compile_error" in text(app, "#form-error"),
+                    what="the refusal in the dialog")
+        assert store.approvals(1) == [] and app.screen.query_one("#field-comment").value == "ship it"  # kept
+        await pilot.press("escape")
+        await settle(pilot)
         await pilot.press("x")
         await type_text(pilot, "does not compile")
         await pilot.press("enter")
@@ -144,9 +151,17 @@ async def test_pause_resume_stop_and_budget_from_the_runs_screen(make_app, store
         seen = spy_notifications(app)
         await settle(pilot)
         statuses = []
+        await pilot.press("s")  # stop asks first: no leaves the run as it is
+        await settle(pilot)
+        await pilot.press("n")
+        await settle(pilot)
+        assert store.get_run(1).status == "finished" and isinstance(app.screen, RunsScreen)
         for key in ("r", "p", "r", "s"):
             await pilot.press(key)
             await settle(pilot)
+            if key == "s":
+                await pilot.press("y")  # yes, stop it
+                await settle(pilot)
             statuses.append(store.get_run(1).status)
         # Resume queues the run for `appliance controller`; pause and stop are what `appliance pause/stop` set.
         assert statuses == ["queued", "paused", "queued", "stopped"]
@@ -208,8 +223,9 @@ async def test_a_new_run_for_a_missing_task_says_why(make_app, store):
         await pilot.press("n")
         await type_text(pilot, "no/such/task.py")
         await pilot.press("enter", "enter", "enter", "enter")
-        await until(pilot, lambda: any("no such task file" in m for m in seen), timeout=60, what="the error")
-        assert len(store.list_runs()) == 1
+        await until(pilot, lambda: "no such task file" in text(app, "#form-error"), timeout=60, what="the error")
+        assert len(store.list_runs()) == 1 and not seen  # said in the dialog, which stays open with the input
+        assert app.screen.query_one("#field-task").value == "no/such/task.py"
 
 
 @pytest.mark.slow
@@ -220,7 +236,9 @@ async def test_a_new_run_made_in_the_tui_progresses_live_under_the_controller(ma
         await pilot.press("n")
         await type_text(pilot, str(SOFTMAX))
         await pilot.press("enter", "enter", "backspace", "backspace", "2", "enter", "t", "u", "n", "e", "enter")
-        await until(pilot, lambda: len(cells(app)) == 2, timeout=120, what="the queued run on the runs screen")
+        # The dialog closes once the run is made (it stays open on an error); then the runs screen shows it.
+        await until(pilot, lambda: isinstance(app.screen, RunsScreen) and len(cells(app)) == 2, timeout=120,
+                    what="the queued run on the runs screen")
         assert cells(app)[0][:4] == ["2", "softmax", "optimize", "queued"]
         run = store.get_run(2)
         assert run.config["max_candidates"] == 2 and run.config["proposer"] == "tune"

@@ -58,3 +58,32 @@ def test_candidate_screen_timings(snap_compare, demo_app):
 
 def test_approve_dialog(snap_compare, demo_app):
     assert snap_compare(demo_app(run_id=1), terminal_size=SIZE, run_before=keys("a"))
+
+
+NARROW = (80, 24)  # an SSH session's default terminal
+
+
+def test_runs_screen_at_80x24(snap_compare, demo_app):
+    assert snap_compare(demo_app(), terminal_size=NARROW, run_before=keys())
+
+
+def test_run_screen_at_80x24(snap_compare, demo_app):
+    assert snap_compare(demo_app(), terminal_size=NARROW, run_before=keys("down", "enter"))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pressed, last_key", [((), "Quit"), (("down", "enter"), "Budget"),
+                                                (("down", "enter", "w"), "Reject")])
+async def test_every_footer_key_fits_at_80x24(demo_app, pressed, last_key):
+    """The footer's last key is on screen at 80 columns: none is cut off (the screens' keys, in order)."""
+    import html
+    import re
+
+    app = demo_app()
+    async with app.run_test(size=NARROW) as pilot:
+        await keys(*pressed)(pilot)
+        rows: dict[float, list[str]] = {}
+        for m in re.finditer(r'<text[^>]*y="([\d.]+)"[^>]*>(.*?)</text>', app.export_screenshot()):
+            rows.setdefault(float(m.group(1)), []).append(html.unescape(m.group(2)))
+        footer = "".join(rows[max(rows)])
+        assert last_key in footer, footer

@@ -12,7 +12,7 @@ from textual.worker import Worker, WorkerState
 
 from appliance.errors import ApplianceError
 from appliance.tui.actions import BUDGETS
-from appliance.tui.screens.form import Field, FormScreen
+from appliance.tui.screens.form import ConfirmScreen, Field, FormScreen
 
 if TYPE_CHECKING:
     from appliance.tui.app import ApplianceApp
@@ -77,7 +77,22 @@ class PollingScreen(Screen):
         self._with_run(self.app.actions.resume)
 
     def action_stop(self) -> None:
-        self._with_run(self.app.actions.stop)
+        run_id = self.current_run_id()
+        if run_id is None:
+            self.notify("no run selected", severity="warning")
+            return
+        self.app.push_screen(ConfirmScreen(f"Stop run {run_id}? It finishes the evaluation in flight, then stops "
+                                           "(resume continues it)."),
+                             lambda yes: yes and self.act(self.app.actions.stop, run_id))
+
+    def ask(self, form: FormScreen) -> None:
+        """A dialog whose action's line, once done, is shown like any action's (errors stay in the dialog)."""
+        self.app.push_screen(form, self._after_form)
+
+    def _after_form(self, line: str | None) -> None:
+        if line:
+            self.notify(line, timeout=6, markup=False)
+            self.reload()
 
     def action_budget(self) -> None:
         run_id = self.current_run_id()
@@ -89,6 +104,5 @@ class PollingScreen(Screen):
                   "max GPU seconds (empty: no limit)", "max_wall_s": "max wall seconds (empty: no limit)",
                   "max_tokens": "max LLM tokens (empty: no limit)"}
         fields = [Field(n, labels[n], "" if config.get(n) is None else f"{config[n]:g}") for n in BUDGETS]
-        self.app.push_screen(
-            FormScreen(f"Budget of run {run_id}", fields, "A run in progress takes the new budget at once."),
-            lambda values: values is not None and self.act(self.app.actions.set_budget, run_id, values))
+        self.ask(FormScreen(f"Budget of run {run_id}", fields, partial(self.app.actions.set_budget, run_id),
+                            "A run in progress takes the new budget at once."))

@@ -22,6 +22,7 @@ TABS = [("source", "1 Source"), ("diff", "2 Diff vs parent"), ("evidence", "3 Ga
 class CandidateScreen(PollingScreen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
+        Binding("q", "app.quit", "Quit", show=False),  # (shown on the runs screen: here the keys below need room)
         # The tab titles show their keys (1 Source, 2 Diff...), so the footer need not.
         *(Binding(str(i), f"tab('{name}')", label, show=False) for i, (name, label) in enumerate(TABS, 1)),
         Binding("a", "approve", "Approve"),
@@ -42,7 +43,7 @@ class CandidateScreen(PollingScreen):
                 with TabPane(label, id=name):
                     with VerticalScroll():
                         yield Static("", id=f"{name}-body", markup=False)
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # every key fits 80 columns (ctrl+p still opens it)
 
     def on_mount(self) -> None:
         self.sub_title = f"candidate {self.candidate_id}"

@@ -22,6 +22,7 @@ COLUMNS = ["cand", "proposer", "verdict", "ms (main)", "vs eager", "vs compile",
 class RunScreen(PollingScreen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back"),
+        Binding("q", "app.quit", "Quit", show=False),  # (shown on the runs screen: here the keys below need room)
         Binding("w", "winner", "Winner"),
         Binding("a", "approve", "Approve"),
         Binding("x", "reject", "Reject"),
@@ -45,7 +46,7 @@ class RunScreen(PollingScreen):
                 yield Static("", id="run-verdicts", markup=False)
                 yield Convergence()
         yield LiveTable(COLUMNS, id="leaderboard")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # every key fits 80 columns (ctrl+p still opens it)
 
     def on_mount(self) -> None:
         self.sub_title = f"run {self.run_id}"
@@ -133,17 +134,15 @@ class RunScreen(PollingScreen):
                      "and evidence.")
 
     def action_submit(self) -> None:
-        self.app.push_screen(
-            FormScreen(f"Submit a candidate to run {self.run_id}", [Field("path", "candidate file (defines ModelNew)")],
-                       "Queued in the run and evaluated by the process running it.", submit="Submit"),
-            lambda values: values is not None and self.act(self.app.actions.submit, self.run_id, values["path"]))
+        self.ask(FormScreen(f"Submit a candidate to run {self.run_id}", [Field("path", "candidate file (defines "
+                                                                               "ModelNew)")],
+                            lambda values: self.app.actions.submit(self.run_id, values["path"]),
+                            "Queued in the run and evaluated by the process running it.", submit="Submit"))
 
 
 def ask_decision(screen: PollingScreen, candidate_id: int, decision: str, context: str) -> None:
     """The approve / reject dialog; the decision is recorded with the OS user and the comment."""
     verb = "Approve" if decision == "approve" else "Reject"
-    screen.app.push_screen(
-        FormScreen(f"{verb} candidate {candidate_id}", [Field("comment", "comment (why; required)")], context,
-                   submit=verb),
-        lambda values: values is not None and screen.act(screen.app.actions.decide, candidate_id, decision,
-                                                         values["comment"]))
+    screen.ask(FormScreen(f"{verb} candidate {candidate_id}", [Field("comment", "comment (why; required)")],
+                          lambda values: screen.app.actions.decide(candidate_id, decision, values["comment"]),
+                          context, submit=verb))

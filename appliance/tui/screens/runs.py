@@ -30,7 +30,7 @@ class RunsScreen(PollingScreen):
         yield Header()
         yield LiveTable(COLUMNS, id="runs")
         yield Static("", id="runs-hint")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # every key fits 80 columns (ctrl+p still opens it)
 
     def on_mount(self) -> None:
         self.sub_title = "runs"
@@ -47,8 +47,8 @@ class RunsScreen(PollingScreen):
         running = sum(1 for r in lines if r.status == "running")
         queued = sum(1 for r in lines if r.status == "queued")
         self.query_one("#runs-hint", Static).update(
-            f"{len(lines)} runs, {running} running, {queued} queued for `appliance controller`. "
-            "Resume queues a run for the controller.")
+            f"{len(lines)} runs, {running} running, {queued} queued for `appliance controller`. Enter opens a "
+            "run; resume queues it for the controller.")
 
     def current_run_id(self) -> int | None:
         key = self.query_one(LiveTable).selected_key()
@@ -63,10 +63,10 @@ class RunsScreen(PollingScreen):
 
     def action_new_run(self) -> None:
         fields = [Field("task", "task file (KernelBench format)", placeholder="benchmarks/tasks/softmax.py"),
-                  Field("start_from", "seed candidate (empty: the bundled baseline)", placeholder="my_kernel.py"),
+                  Field("start_from", "seed candidate (empty: the bundled baseline, else torch.compile's kernels)",
+                        placeholder="my_kernel.py"),
                   Field("max_candidates", "max candidates", "20"),
                   Field("proposer", "proposer: tune or llm (empty: llm when an endpoint is configured)")]
-        self.app.push_screen(
-            FormScreen("New optimize run", fields, "Queued for `appliance controller`, as "
-                                                   "`appliance optimize TASK --queue`.", submit="Queue"),
-            lambda values: values is not None and self.act(self.app.actions.new_run, *values.values()))
+        self.ask(FormScreen("New optimize run", fields, lambda values: self.app.actions.new_run(*values.values()),
+                            "Queued for `appliance controller`, as `appliance optimize TASK --queue`.",
+                            submit="Queue"))

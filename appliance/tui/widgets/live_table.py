@@ -8,7 +8,9 @@ from textual.widgets import DataTable
 
 
 class LiveTable(DataTable):
-    BINDINGS = [Binding("enter", "select_cursor", "Open")]  # DataTable's own enter is hidden from the footer
+    # Enter opens the highlighted row (DataTable's own enter is hidden too): not in the footer, which at 80 columns
+    # has room for the screens' own keys only; the screens' hint lines say it.
+    BINDINGS = [Binding("enter", "select_cursor", "Open", show=False)]
     DEFAULT_CSS = """
     LiveTable { height: 1fr; }
     """
