@@ -9,6 +9,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
 from appliance.db import Candidate, Evaluation, Run, Store, Timing
 from appliance.db.models import Approval
 from appliance.export import unified_diff
@@ -164,7 +168,7 @@ class CandidateView:
     is_winner: bool
 
     @property
-    def evidence(self) -> str:
+    def evidence(self) -> Group | str:
         """The gate's evidence as readable text: what ran, what each check saw, the limits it ran under."""
         e = self.evaluation
         if e is None:
@@ -186,12 +190,10 @@ class CandidateView:
                     lines.append(f"  {c.get('shape')} seed {c.get('seed')}: {c.get('kind')} {c.get('reason') or ''}")
             lines += [f"  {shape:<20} pass on seeds {', '.join(s)}" for shape, s in seeds.items()]
             lines.append("")
-        for title, key in (("evidence", "evidence"), ("provenance (ops and own kernel launches of forward)",
-                                                      "provenance"), ("Nsight Compute", "ncu"), ("jail", "jail"),
-                           ("wall seconds per process", "wall_s")):
-            if d.get(key):
-                lines += [f"{title}:", _indent(json.dumps(d[key], indent=2, default=str)), ""]
-        return "\n".join(lines).rstrip()
+        tables = [_table(title, d[key]) for title, key in (
+            ("evidence", "evidence"), ("provenance (ops and own kernel launches of forward)", "provenance"),
+            ("Nsight Compute", "ncu"), ("jail", "jail"), ("wall seconds per process", "wall_s")) if d.get(key)]
+        return Group(Text("\n".join(lines).rstrip() + "\n"), *tables)
 
     @property
     def log(self) -> str:
@@ -220,5 +222,22 @@ def candidate_view(store: Store, candidate_id: int) -> CandidateView | None:
                          won is not None and won.candidate.id == c.id)
 
 
-def _indent(text: str) -> str:
-    return "\n".join("  " + line for line in text.splitlines())
+def _table(title: str, data) -> Table:
+    """A section of the evidence as rows of name and value: nested objects as dotted names, short lists inline."""
+    table = Table(title=title, title_justify="left", show_header=False, box=None, padding=(0, 2), expand=False)
+    table.add_column("name", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for name, value in _flat(data):
+        table.add_row(name, value)
+    return table
+
+
+def _flat(value, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(value, dict) and value:
+        return [row for k, v in value.items() for row in _flat(v, f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value) and len(value) <= 20:
+        return [row for i, v in enumerate(value) for row in _flat(v, f"{prefix}[{i}]")]
+    if isinstance(value, float):
+        return [(prefix or "-", f"{value:.4g}")]
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return [(prefix or "-", text if len(text) <= 400 else text[:400] + " ...")]

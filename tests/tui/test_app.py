@@ -27,7 +27,17 @@ def cells(app) -> list[list[str]]:
 
 
 def text(app, selector: str) -> str:
-    return str(app.screen.query_one(selector, Static).content)
+    """What a Static shows, as plain text (a Rich renderable rendered)."""
+    content = app.screen.query_one(selector, Static).content
+    if isinstance(content, str):
+        return content
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(content)
+    return console.file.getvalue()
 
 
 def spy_notifications(app) -> list[str]:
@@ -72,7 +82,10 @@ async def test_runs_screen_then_run_then_candidates_by_keys(make_app, store):
         await pilot.press("2")
         assert app.screen.query_one(TabbedContent).active == "diff"
         await pilot.press("3")
-        assert "pass on seeds 0, 1, 2" in text(app, "#evidence-body")  # the timed calls: checked in secret, counted per row
+        evidence = text(app, "#evidence-body")
+        assert "pass on seeds 0, 1, 2" in evidence  # the timed calls: checked in secret, counted per row
+        # Sections as tables of names and values, not JSON: nested objects get dotted names.
+        assert "{" not in evidence and "launches_per_call" in evidence and "limits." in evidence, evidence
 
         await pilot.press("escape")  # back to the run; open the candidate that failed to compile
         await settle(pilot)
@@ -116,7 +129,6 @@ async def test_approving_the_winner_records_who_when_and_why(make_app, store):
 async def test_a_decision_needs_a_comment_and_only_a_passing_candidate_is_approved(make_app, store):
     app = make_app(run_id=1)
     async with app.run_test(size=SIZE) as pilot:
-        seen = spy_notifications(app)
         await settle(pilot)
         await pilot.press("x", "enter")  # reject with an empty comment: refused in the dialog, which stays open
         await settle(pilot)
