@@ -260,16 +260,18 @@ def _check_structure(tree: ast.Module, where: str) -> None:
 
 
 def _module_sizes(tree: ast.Module) -> dict[str, int]:
+    """Module-level integer constants: `dim = 4096`, and `batch_size, dim = 64, 512` alike."""
     sizes = {}
     for node in tree.body:
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-            and isinstance(node.value, ast.Constant)
-            and type(node.value.value) is int
-        ):
-            sizes[node.targets[0].id] = node.value.value
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target, value = node.targets[0], node.value
+        pairs = ([(target, value)] if isinstance(target, ast.Name) else
+                 list(zip(target.elts, value.elts)) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                 and len(target.elts) == len(value.elts) else [])
+        for name, constant in pairs:
+            if isinstance(name, ast.Name) and isinstance(constant, ast.Constant) and type(constant.value) is int:
+                sizes[name.id] = constant.value
     return sizes
 
 

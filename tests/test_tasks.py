@@ -97,6 +97,15 @@ def test_derived_sizes_keep_small_ints_and_equal_sizes_equal(tmp_path):
     assert all(v % 2 for k, v in odd.sizes.items() if k not in ("dim", "kernel_size"))
 
 
+def test_sizes_assigned_together_are_sizes_too(tmp_path):
+    path = tmp_path / "pair.py"
+    path.write_text(write_task(tmp_path).read_text().replace("batch_size = 4096\ndim = 65536",
+                                                             "batch_size, dim = 64, 512"))
+    task = load_task(path)
+    assert task.sizes == {"batch_size": 64, "dim": 512}
+    assert {s.name: s.sizes for s in task.shapes("full")}["odd"] == {"batch_size": 63, "dim": 511}
+
+
 def test_task_loads_from_a_string_path(tmp_path):
     path = write_task(tmp_path)
     assert load_task(str(path)).sizes == {"batch_size": 4096, "dim": 65536}
