@@ -9,8 +9,9 @@ builds anything, so no GPU and no Inductor runtime are needed: on the CPU, Induc
 (config.cpu_backend = "triton") that run in Triton's interpreter. From each graph the candidate keeps:
   - the kernels, as @triton.jit source (Inductor's heuristics decorator dropped, its few Triton helpers copied in);
   - the wrapper's call(), as a plain function, each launch made with an explicit grid (Grid1D/2D/3D);
-  - the launch configurations Inductor's heuristics listed for each kernel, and a tunable constant per kernel of a
-    timed shape choosing among them (TUNABLES), so the tuner does what Inductor's autotuner does, and more.
+  - the launch configurations Inductor's heuristics listed for each kernel, then variants near its first (block
+    size, warps, pipeline depth), and a tunable constant per kernel of a timed shape choosing among them
+    (TUNABLES): the tuner does what Inductor's autotuner does, measured by the gate, and a step beyond.
 ModelNew subclasses the task's Model (its source is copied in), so it draws the same parameters; it runs the
 graph captured for its inputs' shapes, strides and dtypes, and the reference forward at any shape not captured.
 
@@ -207,8 +208,9 @@ def generate(spec: dict, graphs: list[dict], work: Path) -> tuple[str, int, set[
 {triton.__version__}: {len(metas)} Triton kernels in {len(graphs)} graph(s), one per shape the gate checks
 ({", ".join(g["shape"] for g in graphs)}). Library calls kept from Inductor's code: {", ".join(sorted(library)) or "none"}.
 
-Each kernel's launch configuration is one of those Inductor's heuristics listed for it (KERNEL_META); the *_CONFIG
-constants choose, and TUNABLES lets the tuner choose per timed shape. At inputs of a shape not captured, ModelNew
+Each kernel's launch configuration is one of KERNEL_META's: first those Inductor's heuristics listed for it
+("inductor_configs" of them), then variants near its first (block, warps, stages); the *_CONFIG constants choose,
+and TUNABLES lets the tuner choose per timed shape. At inputs of a shape not captured, ModelNew
 runs the reference forward.
 """
 import os
@@ -399,7 +401,37 @@ def _kernel_meta(src: str, name: str, path: Path) -> dict:
             configs.append(entry)
     if not configs:
         raise Unsupported(f"kernel {name}: Inductor listed no launch configuration")
-    return {"params": params, "axes": GRIDS[grid], "configs": configs}
+    listed = len(configs)
+    for variant in _variants(configs[0], src):
+        if variant not in configs:
+            configs.append(variant)
+    return {"params": params, "axes": GRIDS[grid], "configs": configs, "inductor_configs": listed}
+
+
+MAX_BLOCK_ELEMENTS = 1 << 16  # XBLOCK x R0_BLOCK a variant may hold: beyond, registers spill (or it does not build)
+
+
+def _variants(base: dict, src: str) -> list[dict]:
+    """Launch configurations near Inductor's first, for the tuner: Inductor often lists one (pointwise kernels
+    without max-autotune), and its heuristics pick without measuring. XBLOCK halved, doubled and quadrupled (up
+    to the x extent and MAX_BLOCK_ELEMENTS with the kernel's reduction block), num_warps halved and doubled, and two
+    more pipeline depths. A variant that does not build gets its compile_error like any candidate."""
+    out = []
+    fixed = re.search(r"\bxnumel = (\d+)", src)
+    x_cap = 1 << max(0, (int(fixed.group(1)) - 1).bit_length()) if fixed else 4096
+    r_block = re.search(r"\bR0_BLOCK: tl\.constexpr = (\d+)", src)
+    r_elems = int(r_block.group(1)) if r_block else int(base.get("R0_BLOCK", 1))
+    if "XBLOCK" in base:
+        for xb in (base["XBLOCK"] // 2, base["XBLOCK"] * 2, base["XBLOCK"] * 4):
+            if 1 <= xb <= x_cap and xb * r_elems <= MAX_BLOCK_ELEMENTS:
+                out.append(base | {"XBLOCK": xb})
+    for warps in (base["num_warps"] // 2, base["num_warps"] * 2):
+        if 1 <= warps <= 32:
+            out.append(base | {"num_warps": warps})
+    for stages in (1, 2, 3):
+        if stages != base["num_stages"]:
+            out.append(base | {"num_stages": stages})
+    return out[:8]
 
 
 def _call_body(code: str, names: dict[str, str]) -> tuple[str, set[str]]:
