@@ -461,6 +461,14 @@ class Referee:
         model = build_model(spec, task, init, seed, self.device, self.dtype)
         with torch.no_grad():
             result, ops = task_call(f"Model.forward at shape {shape['name']}", spec, record_ops, model, *example)
+            if shape.get("origin", "").startswith("derived") and spec["role"] == "baselines":
+                # Every check at this shape needs the float64 reference too: a derived shape where it cannot run
+                # (an op without a float64 kernel, a check in the Model) is dropped here, not failed later.
+                from sandbox.harness.common import cast_floating
+
+                task_call(f"the float64 reference at shape {shape['name']}", spec,
+                          build_model(spec, task, init, seed, self.device, self.dtype).to(torch.float64),
+                          *cast_floating(example, torch.float64))
         outs = as_outputs(result)
         if outs is None:
             raise TaskFault("Model.forward", TypeError(f"returned {type(result).__name__}, not tensor(s)"),

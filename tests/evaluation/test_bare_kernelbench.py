@@ -89,3 +89,25 @@ def test_a_derived_shape_the_reference_cannot_run_is_dropped_and_listed(tmp_path
     dropped = {d["name"]: d for d in outcome.details["dropped_shapes"]}
     assert set(dropped) == {"odd", "smaller_scaled", "strided_outliers", "nonfinite"}  # 127 and 33: odd widths
     assert "an even width only" in dropped["odd"]["reason"]
+
+
+def test_a_derived_shape_whose_float64_reference_cannot_run_is_dropped_too(tmp_path):
+    """The checks compare with the Model in float64: a derived shape where only that fails (here a Model that
+    refuses odd widths in float64) is dropped and listed, not turned into a task error for every candidate."""
+    from appliance.tasks import load_task
+    from appliance.evaluation.pipeline import EvalSettings, Pipeline
+    from sandbox.jail import Jail
+
+    path = tmp_path / "no_odd_float64.py"
+    path.write_text(TASK.read_text().replace(
+        "        return torch.softmax(x, dim=-1)",
+        "        assert x.dtype != torch.float64 or x.shape[-1] % 2 == 0, 'no odd widths in float64'\n"
+        "        return torch.softmax(x, dim=-1)"))
+    pipeline = Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05,
+                                             jobs_dir=tmp_path / "jobs"))
+    outcome = pipeline.evaluate(load_task(path), FIXTURES / "candidates" / "good.py")
+    pipeline.close()
+    assert outcome.verdict == "pass", outcome.reason
+    dropped = {d["name"]: d for d in outcome.details["dropped_shapes"]}
+    assert set(dropped) == {"odd", "smaller_scaled", "strided_outliers", "nonfinite"}
+    assert "no odd widths in float64" in dropped["odd"]["reason"] and "float64 reference" in dropped["odd"]["reason"]
