@@ -351,7 +351,7 @@ def optimize(
             if run.status == "created":  # made by this command: not left `created` forever (`runs` shows why)
                 store.update_run(run.id, status="failed")
             raise
-        log = (lambda _: None) if as_json else (lambda line: err.print(f"[dim]run {run.id}:[/] {line}",
+        log = (lambda _: None) if as_json else (lambda line: err.print(f"[dim]run {run.id}:[/] {_plain(line)}",
                                                                         highlight=False))
         with contextlib.ExitStack() as live:
             status = None
@@ -438,7 +438,8 @@ def _controller_loop(store, stop, poll: float, supervisor, metrics, unsafe_no_ja
             pipelines = _pipelines(config, None, unsafe_no_jail, supervisor)
             optimizer = Optimizer(store, run.id, _task_of_run(store, run), pipelines, _proposer(config), config,
                                   s.home / "runs" / str(run.id),
-                                  log=lambda line, rid=run.id: err.print(f"run {rid}: {line}", highlight=False),
+                                  log=lambda line, rid=run.id: err.print(f"run {rid}: {_plain(line)}",
+                                                                          highlight=False),
                                   metrics=metrics, should_stop=stop.is_set,
                                   screens=_screens(config, pipelines, unsafe_no_jail))
             summary = optimizer.run()
@@ -700,7 +701,7 @@ def _compile_seed(task, device: str, mode: Optional[str], gpus: Optional[str], u
                   "(jailed) ...", highlight=False)
     seed = compile_seed(task, s.jail(gpu, unsafe), s.jobs_dir, dev, mode or ("full" if dev == "cuda" else "small"))
     if not quiet:
-        err.print(f"seed: {seed.note}" if seed.source else seed.failure, highlight=False, soft_wrap=True)
+        err.print(_plain(f"seed: {seed.note}" if seed.source else seed.failure), highlight=False, soft_wrap=True)
     return seed
 
 
@@ -737,7 +738,7 @@ def _print_summary(summary: Summary, as_json: bool) -> None:
                 "torch.compile not timed (the loop times it on a GPU only: its first call compiles for minutes)")
                 if d.get("device") == "cuda" else "timed on the CPU (Triton's interpreter): no GPU speed, no speedup")
             out.print(f"  {label}: candidate c{d['candidate_id']} ({d['proposer']}) {d['verdict']}, {speed}"
-                      + (f" - {d['note']}" if d.get("note") else ""), soft_wrap=True)
+                      + (f" - {_plain(d['note'])}" if d.get("note") else ""), soft_wrap=True)
     out.print(f"  usage: {summary.usage}")
 
 
@@ -943,6 +944,14 @@ def doctor(
         for line in checks.policy_lines(jail):
             out.print(f"  {line}", highlight=False, soft_wrap=True)
     raise typer.Exit(0 if report["ok"] else 3)
+
+
+def _plain(text: str) -> str:
+    """Text that came from a candidate or a task (notes, reasons, stderr), safe on a terminal: no Rich markup, no
+    control characters (escape sequences could retitle, clear or fake the screen)."""
+    from rich.markup import escape
+
+    return escape("".join(c if c in "\n\t" or (c.isprintable() and c != "\x1b") else "?" for c in str(text)))
 
 
 def _x(value: float | None, device: str | None = "cuda") -> str:

@@ -12,6 +12,7 @@ import difflib
 import html
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,8 +86,10 @@ def drop_in_patch(task_source: str, winner_source: str, name: str, origin: str) 
     (the winner, exactly as evaluated) and, in NAME.py, renames the reference class ReferenceModel and binds Model
     to the winner's ModelNew, loaded from the file beside it. get_inputs(), get_init_inputs(), the sizes and every
     helper of the task stay as they were, so code that imports Model from it gets the optimised one."""
+    if not re.fullmatch(r"[A-Za-z_][\w.-]*", name):
+        raise ApplianceError(f"the task's file name {name!r} cannot name a module: no drop-in patch")
     patched = _rename_class(task_source, "Model", "ReferenceModel")
-    patched = patched.rstrip("\n") + "\n" + DROP_IN.format(origin=origin, name=name)
+    patched = patched.rstrip("\n") + "\n" + DROP_IN.format(origin=origin.replace("\n", " "), name=name)
     return (unified_diff(task_source, patched, f"a/{name}.py", f"b/{name}.py")
             + unified_diff("", winner_source, "/dev/null", f"b/{name}_optimized.py"))
 
@@ -111,19 +114,33 @@ Model = _optimized_model()
 
 
 def _rename_class(source: str, old: str, new: str) -> str:
-    """`class old` renamed `new` where it is defined (top level); other uses of the name then mean the winner."""
-    import re
+    """`class old` renamed `new` where it is defined (the top-level class statement, found by ast), and
+    `super(old, self)` inside it too; other uses of the name then mean the winner."""
+    import ast
 
-    renamed, count = re.subn(rf"^class {old}\b", f"class {new}", source, flags=re.M)
-    if count != 1:
-        raise ApplianceError(f"the task defines class {old} {count} times at the top level: no drop-in patch")
-    return renamed
+    found = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == old]
+    if len(found) != 1:
+        raise ApplianceError(f"the task defines class {old} {len(found)} times at the top level: no drop-in patch")
+    cls = found[0]
+    lines = source.split("\n")
+    first = cls.lineno - 1 + len(cls.decorator_list)  # the `class` line (ast's lineno is the first decorator's)
+    while not re.match(rf"\s*class\s+{old}\b", lines[first]):
+        first += 1
+    lines[first] = re.sub(rf"\bclass\s+{old}\b", f"class {new}", lines[first], count=1)
+    for i in range(first + 1, cls.end_lineno):  # Python 2-style super() in the class's own methods
+        lines[i] = re.sub(rf"\bsuper\(\s*{old}\s*,", f"super({new},", lines[i])
+    return "\n".join(lines)
 
 
 def unified_diff(old: str, new: str, old_name: str, new_name: str) -> str:
     """A patch `git apply` / `patch -p1` accept, including files that do not end in a newline."""
-    lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), old_name, new_name)
+    lines = difflib.unified_diff(_lines(old), _lines(new), old_name, new_name)
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines ending at "\n" only: str.splitlines also breaks at \r, \f, U+2028..., which GNU patch does not."""
+    return [line for line in re.split(r"(?<=\n)", text) if line]
 
 
 # --- the report: one list of blocks, rendered to Markdown and to HTML ---

@@ -328,3 +328,20 @@ def test_eval_in_a_terminal_shows_its_stages_as_they_happen(home, softmax_task):
     piped = subprocess.run([sys.executable, "-m", "appliance", "eval", str(softmax_task), str(candidate("syntax_error")),
                             "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert "checking the candidate" not in piped.stderr + piped.stdout
+
+
+def test_text_from_a_task_or_a_candidate_cannot_drive_the_terminal():
+    """Notes, reasons and stderr come from jailed code: no Rich markup (a stray [/] raised), no escape sequences."""
+    import io
+
+    from rich.console import Console
+
+    from appliance.cli import _plain
+
+    hostile = "[/][link=http://x]click[/link] \x1b]0;pwned\x07\x1b[2J done\n"
+    shown = _plain(hostile)
+    assert "\x1b" not in shown and "\x07" not in shown
+    console = Console(file=io.StringIO(), force_terminal=True, highlight=False)
+    console.print(f"run 1: {shown}")  # would raise MarkupError on the raw text
+    printed = console.file.getvalue()
+    assert "[/][link=http://x]click[/link]" in printed and "]0;pwned" not in printed.replace("?]0;", "")

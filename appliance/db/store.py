@@ -75,12 +75,25 @@ def _retry_when_busy(method):
             try:
                 return method(self, *args, **kwargs)
             except OperationalError as error:
-                if attempt == BUSY_RETRIES or not any(w in str(error) for w in ("database is locked", "busy")):
+                if attempt == BUSY_RETRIES or not _sqlite_busy(error):
                     raise
                 time.sleep(min(2.0, 0.05 * 4 ** attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
     return retried
+
+
+def _sqlite_busy(error: OperationalError) -> bool:
+    """SQLite's own busy/locked error, read from the driver's exception: not from the message SQLAlchemy builds,
+    which holds the statement's parameters (a note saying "busy" must not make a write run twice), and never a
+    PostgreSQL error (a connection lost at COMMIT leaves the outcome unknown: not safe to run again)."""
+    orig = getattr(error, "orig", None)
+    if not isinstance(orig, sqlite3.OperationalError):
+        return False
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return str(orig).startswith(("database is locked", "database table is locked"))
 
 
 def make_engine(url: str) -> Engine:

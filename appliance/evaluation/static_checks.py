@@ -10,9 +10,14 @@ import ast
 from appliance.evaluation.verdicts import Rejection
 
 
+MAX_PARSED_BYTES = 256 << 10  # a larger source is left to the jail: ast's tree of megabytes costs gigabytes here
+
+
 def static_rejection(source: str, task_source: str) -> Rejection | None:
     """load_error for a syntax error, a module without ModelNew, or a ModelNew whose constructor or forward cannot
     take what the task's get_init_inputs() and get_inputs() give its Model."""
+    if len(source) > MAX_PARSED_BYTES or len(task_source) > MAX_PARSED_BYTES:
+        return None
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
@@ -29,8 +34,8 @@ def static_rejection(source: str, task_source: str) -> Rejection | None:
         model = _class(ast.parse(task_source), "Model")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         model = None
-    if new is None or model is None:
-        return None  # ModelNew made another way (an assignment, an import): the jail sees what it is
+    if new is None or model is None or _reshaped(new):
+        return None  # ModelNew made another way (an assignment, an import, a decorator): the jail sees what it is
     for method, gives in (("__init__", "get_init_inputs()"), ("forward", "get_inputs()")):
         theirs, ours = _arity(new, method), _arity(model, method)
         if theirs is None or ours is None or ours[0] != ours[1]:
@@ -58,11 +63,46 @@ def _top_level_names(tree: ast.Module) -> set[str]:
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if _dynamic(node) or not all(isinstance(t, (ast.Name, ast.Tuple, ast.List)) for t in targets):
+                names.add("ModelNew")  # globals()["ModelNew"] = ..., module.__dict__[...] = ...
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
-            names.add("ModelNew")  # defined under a condition: the jail sees whether it is
+            if any(a.name == "*" for a in node.names):
+                names.add("ModelNew")  # from m import *: may be among them
+        elif not isinstance(node, (ast.Expr, ast.Pass)) or _dynamic(node):
+            # under a condition, a loop, a match, a with; globals()[...] =, a walrus, setattr(...): undecidable here
+            names.add("ModelNew")
+    if "__getattr__" in names:  # a module __getattr__ can answer for ModelNew
+        names.add("ModelNew")
     return names
+
+
+def _dynamic(node: ast.stmt) -> bool:
+    """An expression statement that may bind names: a walrus, globals()/setattr/exec calls."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.NamedExpr):
+            return True
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("globals", "setattr", "exec",
+                                                                                      "vars", "locals"):
+            return True
+        if isinstance(n, ast.Attribute) and n.attr in ("__dict__", "update"):
+            return True
+    return False
+
+
+def _reshaped(cls: ast.ClassDef) -> bool:
+    """A class whose call may not be its methods' signatures: decorated, a metaclass, __call__ or __new__ of its
+    own, or forward/__init__ bound by assignment."""
+    if cls.decorator_list or cls.keywords:
+        return True
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("__call__", "__new__"):
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id in ("forward", "__init__", "__call__") for t in targets):
+                return True
+    return False
 
 
 def _class(tree: ast.Module, name: str) -> ast.ClassDef | None:

@@ -4,6 +4,7 @@ with `failure` set, so the run records it and carries on."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 
 @dataclass
@@ -40,14 +41,40 @@ class PromptContext:
 
 @dataclass
 class Proposal:
-    """One proposed candidate, or a recorded proposal failure (source None, failure says why)."""
+    """One proposed candidate, or a recorded proposal failure (source None, failure says why; kind says what
+    sort: "exhausted", nothing new left to propose, is no failure worth a row)."""
 
     source: str | None
     proposer: str
     failure: str | None = None
+    kind: str = ""  # of a failure: exhausted | no_tunables | bad_tunables | model_output | endpoint | proposer_error
     mode: str = ""  # "diff" | "rewrite" | "tune"
     note: str = ""  # the proposer's own summary (LLM explanation, tuner parameters)
     tokens_in: int = 0
     tokens_out: int = 0
     latency_s: float = 0.0
     raw: str = ""  # the model's full reply, kept for debugging proposal failures
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the loop needs to know of a proposer, instead of its name.
+    - reads_profiles: its prompt carries Nsight Compute summaries (worth profiling new bests for it);
+    - avoids_seen: it skips sources already evaluated itself (the loop hands it `seen`);
+    - starts_on_pending_seed: it may build on the seed while the seed is still evaluated (settings of a kernel that
+      built), and it needs the seed's verdict otherwise;
+    - needs_no_screen: its candidates build whenever their parent did (no compile-only screen before a GPU)."""
+
+    reads_profiles: bool = False
+    avoids_seen: bool = False
+    starts_on_pending_seed: bool = False
+    needs_no_screen: bool = False
+
+
+class Proposer(Protocol):
+    """Every proposer: one signature. `seen` (source hashes already evaluated) matters only with avoids_seen."""
+
+    name: ClassVar[str]
+    traits: ClassVar[Traits]
+
+    def propose(self, ctx: PromptContext, n: int, seen: set[str] | None = None) -> list[Proposal]: ...

@@ -45,17 +45,26 @@ def compile_seed(task: Task, jail: Jail, jobs_dir: Path, device: str, mode: str,
         latency = time.monotonic() - start
         if result.get("status") != "captured":
             ended = ("timed out" if run.timed_out else f"exit {run.returncode}")
-            why = result.get("reason") or f"the capture ended without a result ({ended}): {run.stderr[-300:]}"
+            reason = result.get("reason") if isinstance(result.get("reason"), str) else None
+            why = reason or f"the capture ended without a result ({ended}): {run.stderr[-300:]}"
             return Proposal(None, "compile", failure=f"compile seed: {why}"[:2000], mode="compile",
                             latency_s=latency)
         source = read_text(work / "candidate.py", MAX_SEED_BYTES)
         if not source:
             return Proposal(None, "compile", failure="compile seed: the capture wrote no candidate (or one over "
                                                      f"{MAX_SEED_BYTES >> 20} MiB)", mode="compile", latency_s=latency)
-        library = result.get("library_calls") or []
-        note = (f"torch.compile's own kernels ({result.get('kernels')} Triton kernels, shapes "
-                f"{', '.join(map(str, result.get('shapes', [])))}"
-                + (f"; library calls kept: {', '.join(map(str, library))}" if library else "") + ")")
+        # The result was written where the task's code ran: only well-formed fields make it into the note.
+        shapes, library = _names(result.get("shapes")), _names(result.get("library_calls"))
+        count = result.get("kernels") if type(result.get("kernels")) is int else "?"
+        note = (f"torch.compile's own kernels ({count} Triton kernels, shapes {', '.join(shapes)}"
+                + (f"; library calls kept: {', '.join(library)}" if library else "") + ")")
         return Proposal(source, "compile", mode="compile", note=note[:500], latency_s=latency)
     finally:
         remove_tree(job)
+
+
+def _names(value) -> list[str]:
+    """A list of short names from the capture's result, or nothing: the task's code could have written anything."""
+    if not isinstance(value, list):
+        return []
+    return [str(v)[:80] for v in value[:50] if isinstance(v, (str, int)) and not isinstance(v, bool)]

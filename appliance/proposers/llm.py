@@ -19,7 +19,7 @@ import openai
 
 from appliance.errors import ApplianceError
 from appliance.proposers import edits
-from appliance.proposers.base import Example, PromptContext, Proposal
+from appliance.proposers.base import Example, PromptContext, Proposal, Traits
 from appliance.proposers.untrusted import fence_feedback
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -44,7 +44,7 @@ class LLMSettings:
 
 class LLMProposer:
     name = "llm"
-    reads_profiles = True  # the prompt carries the Nsight Compute summary (search/database.py)
+    traits = Traits(reads_profiles=True)  # the prompt carries the Nsight Compute summary (search/database.py)
 
     def __init__(self, settings: LLMSettings):
         self.settings = settings
@@ -54,7 +54,7 @@ class LLMProposer:
         # The loop asks for several parents at once, each with n requests: `concurrency` bounds them all together.
         self._in_flight = threading.BoundedSemaphore(max(1, settings.concurrency))
 
-    def propose(self, ctx: PromptContext, n: int) -> list[Proposal]:
+    def propose(self, ctx: PromptContext, n: int, seen: set[str] | None = None) -> list[Proposal]:
         prompts = [self._messages(prompt_fields(ctx))]
         if ctx.inspirations or ctx.history:  # what to send when the whole prompt does not fit the model's window
             prompts.append(self._messages(prompt_fields(ctx) | {"inspirations": LEFT_OUT, "history": LEFT_OUT}))
@@ -79,22 +79,25 @@ class LLMProposer:
             except openai.BadRequestError as e:
                 if i + 1 < len(prompts) and "context length" in str(e.message).lower():
                     continue  # too long for the model's window: again without inspirations and history
-                return Proposal(None, self.name, failure=describe_error(e, s), latency_s=time.perf_counter() - start)
+                return Proposal(None, self.name, failure=describe_error(e, s), latency_s=time.perf_counter() - start,
+                                kind="endpoint")
             except openai.OpenAIError as e:
-                return Proposal(None, self.name, failure=describe_error(e, s), latency_s=time.perf_counter() - start)
+                return Proposal(None, self.name, failure=describe_error(e, s), latency_s=time.perf_counter() - start,
+                                kind="endpoint")
         latency = time.perf_counter() - start
         usage = getattr(reply, "usage", None)
         proposal = Proposal(None, self.name, latency_s=latency, tokens_in=getattr(usage, "prompt_tokens", 0) or 0,
                             tokens_out=getattr(usage, "completion_tokens", 0) or 0)
         choices = getattr(reply, "choices", None)  # a server can answer 200 with JSON that is no completion
         if not choices:
-            proposal.failure = "llm_empty: the server answered without choices"
+            proposal.failure, proposal.kind = "llm_empty: the server answered without choices", "model_output"
             return proposal
         text = choices[0].message.content or ""
         proposal.raw = text
         try:
             proposal.source, proposal.mode = edits.apply_reply(parent_source, text)
         except edits.EditError as e:
+            proposal.kind = "model_output"
             if choices[0].finish_reason == "length":  # the operator's fix differs: raise max_tokens
                 proposal.failure = f"llm_truncated: reply stopped at max_tokens={s.max_tokens}: {e}"
             else:

@@ -44,7 +44,7 @@ import random
 import re
 
 from appliance import parsing
-from appliance.proposers.base import Measured, PromptContext, Proposal
+from appliance.proposers.base import Measured, PromptContext, Proposal, Traits
 from appliance.proposers.edits import source_hash
 
 DECLARATION = "TUNABLES"
@@ -252,7 +252,8 @@ class TuneProposer:
     combinations; never a source whose hash is in `seen` or was already proposed in the same batch."""
 
     name = "tune"
-    reads_profiles = False  # its moves come from the declared tunables, whatever Nsight Compute says
+    # Its moves come from the declared tunables, whatever Nsight Compute says; settings of a kernel that built.
+    traits = Traits(reads_profiles=False, avoids_seen=True, starts_on_pending_seed=True, needs_no_screen=True)
 
     def __init__(self, rng: random.Random, explore: float = EXPLORE_SHARE):
         self.rng, self.explore = rng, explore
@@ -265,11 +266,11 @@ class TuneProposer:
             tunables = read_tunables(parent)
             current = current_values(parent)
         except TuneError as e:
-            return [self._failure(f"bad_tunables: {e}")]
+            return [self._failure(f"bad_tunables: {e}", "bad_tunables")]
         if not tunables:
             declared = _declaration(parsing.parse(parent))
             why = "its TUNABLES dict is empty" if declared else "it declares no TUNABLES dict"
-            return [self._failure(f"no_tunables: the parent has nothing to tune: {why}")]
+            return [self._failure(f"no_tunables: the parent has nothing to tune: {why}", "no_tunables")]
         taken = set(seen or ()) | {source_hash(parent)}
         proposals: list[Proposal] = []
 
@@ -305,7 +306,7 @@ class TuneProposer:
         if proposals:
             return proposals
         return [self._failure(f"tune_exhausted: {_exhausted_text(tunables, len(moves), n)} of "
-                              f"{', '.join(tunables)} has been evaluated already")]
+                              f"{', '.join(tunables)} has been evaluated already", "exhausted")]
 
     def _combinations(self, tunables: dict[str, list], current: dict[str, object], wanted: int):
         """Settings that change at least one tunable: all of them in a random order when the space is small,
@@ -323,8 +324,8 @@ class TuneProposer:
             if changed:
                 yield changed
 
-    def _failure(self, why: str) -> Proposal:
-        return Proposal(source=None, proposer=self.name, failure=why, mode="tune")
+    def _failure(self, why: str, kind: str) -> Proposal:
+        return Proposal(source=None, proposer=self.name, failure=why, mode="tune", kind=kind)
 
 
 def _parse(source: str) -> ast.Module:

@@ -87,7 +87,7 @@ class Optimizer:
         self.metrics, self.should_stop = metrics, should_stop
         self.failure_streak = 0  # infrastructure failures in a row
         for p in pipelines:
-            p.profile_if = ProfileNewBests(self, enabled=getattr(proposer, "reads_profiles", True))
+            p.profile_if = ProfileNewBests(self, enabled=proposer.traits.reads_profiles)
         if metrics:
             for p in pipelines:
                 metrics.worker_up(p.jail.gpu)
@@ -219,9 +219,10 @@ class Optimizer:
             return queued
         free = _free_slots(screen_slots, [s for _, s in screening.values()])
         waiting = {c.id for c, _ in screening.values()}
-        ready = [c for c in queued if c.id in cleared or c.proposer == "tune"]
+        unscreened = self.proposer.name if self.proposer.traits.needs_no_screen else None
+        ready = [c for c in queued if c.id in cleared or c.proposer == unscreened]
         for c in queued:
-            if c.id in cleared or c.proposer == "tune" or c.id in waiting:
+            if c.id in cleared or c.proposer == unscreened or c.id in waiting:
                 continue
             if not free or len(ready) + len(screening) >= room:
                 break
@@ -256,7 +257,8 @@ class Optimizer:
         """Whether proposals can be made while evaluations are in flight: something passed, or the tuner may build on
         the seed still being evaluated (_starting_point)."""
         db = self._database()
-        return db.best() is not None or (self._takes_seen() and self._starting_point(db) is not None)
+        return db.best() is not None or (self.proposer.traits.starts_on_pending_seed and
+                                         self._starting_point(db) is not None)
 
     def _external_status(self) -> str | None:
         status = self.store.get_run(self.run_id).status
@@ -391,7 +393,7 @@ class Optimizer:
                 return False
             groups.setdefault(parent.candidate.id, (parent, []))[1].append(island)
         asks = [(parent, islands, self._context(db, parent, measured, timings)) for parent, islands in groups.values()]
-        if self._takes_seen():
+        if self.proposer.traits.avoids_seen:
             # The tuner, in this process and fast: one parent after another, each told what the others proposed,
             # so that two parents of one family do not both propose the same settings (one would be dropped).
             taken, answers = set(seen), []
@@ -424,28 +426,21 @@ class Optimizer:
           run gave one verdict). A seed that fails leaves these to be evaluated: the run goes on from those that
           pass, and ends when none does."""
         seeds = [e for e in db.entries if e.candidate.proposer in SEED_PROPOSERS]
-        name = getattr(self.proposer, "name", "")
-        if name == "llm":
+        if not self.proposer.traits.starts_on_pending_seed:
             evaluated = [e for e in seeds if e.evaluation is not None]
             return evaluated[0] if evaluated else None
-        if name == "tune" and self.state["generation"] == 0:
+        if self.state["generation"] == 0:
             # Evaluating, not queued: a seed still waiting for a compile-only screen may not build for the GPU, and
             # the tuner's settings of it are not screened themselves.
             pending = [e for e in seeds if e.evaluation is None and e.candidate.status == "evaluating"]
             return pending[0] if pending else None
         return None
 
-    def _takes_seen(self) -> bool:
-        """Whether the proposer avoids sources already seen itself (the tuner); the LLM's duplicates are dropped."""
-        return getattr(self.proposer, "name", "") == "tune"
-
     def _ask(self, ctx: PromptContext, n: int, seen: set[str]) -> list[Proposal]:
-        try:
-            if self._takes_seen():
-                return self.proposer.propose(ctx, n, seen=seen)
-            return self.proposer.propose(ctx, n)
+        try:  # (a proposer that does not avoid seen sources itself has its duplicates dropped here)
+            return self.proposer.propose(ctx, n, seen=seen if self.proposer.traits.avoids_seen else None)
         except Exception as exc:  # noqa: BLE001 - a proposer bug costs a recorded failure, never the run
-            return [Proposal(source=None, proposer=getattr(self.proposer, "name", "?"),
+            return [Proposal(source=None, proposer=self.proposer.name, kind="proposer_error",
                              failure=f"proposer_error: {type(exc).__name__}: {exc}"[:500])]
 
     def _store_proposal(self, p: Proposal, parent: Entry, island: int, generation: int, seen: set[str]) -> bool:
@@ -453,9 +448,9 @@ class Optimizer:
         common = dict(parent_id=parent.candidate.id, proposer=p.proposer, island=island, generation=generation,
                       note=p.note, tokens_in=p.tokens_in, tokens_out=p.tokens_out)
         if self.metrics:
-            self.metrics.proposal(p, failed=p.source is None and not (p.failure or "").startswith("tune_exhausted"))
+            self.metrics.proposal(p, failed=p.source is None and p.kind != "exhausted")
         if p.source is None:
-            if p.failure and p.failure.startswith("tune_exhausted"):
+            if p.kind == "exhausted":
                 return False  # nothing new is not a failure worth a row
             self.store.add_candidate(self.run_id, self._task_id(), "", status="proposal_failed",
                                      failure=p.failure, **common)

@@ -646,7 +646,8 @@ class Referee:
             # cost taken off is largest against its work. Not on the CPU: there a kernel runs in Triton's
             # interpreter, 100-1000x slower than eager, and eager's K made each of its batches take seconds (CPU
             # timings are no speed claims; the fixed cost taken off is capped by the trusted value all the same).
-            fewest = int((calibration or {}).get("calls_per_batch") or 1) if self.device == "cuda" else 1
+            fewest_trusted = int((calibration or {}).get("calls_per_batch") or 1)
+            fewest = fewest_trusted if self.device == "cuda" else 1
             per_batch = max(1, min(MAX_CALLS_PER_BATCH, _calls_that_fit(self.device, set_bytes),
                                    max(fewest, math.ceil(BATCH_TARGET_MS[self.device] / max(estimate, 1e-4)))))
             # The budget bounds the whole batches (drawing inputs, checks), not only the calls in them; the extra
@@ -658,6 +659,10 @@ class Referee:
             p = 1 - MISS_PROBABILITY ** (1 / max(1.0, SKIP_FRACTION * calls)) if check else 0.0
             slots = self._slots(sh, "timing", per_batch)
             cal = self._calibrate(slots, calibration)  # again, after a copy of these slots' inputs (as a batch)
+            if per_batch < fewest_trusted:  # (the CPU, where K is the server's own): a server that dawdles in its
+                # estimate calls for batches of one gets no more of the fixed cost off each call than the trusted
+                # server's batches gave theirs
+                cal["tiny_ms"] *= per_batch / fewest_trusted
             samples, reads, checked, self._launches, self._in_arena, self._raw = [], [], 0, math.inf, [], []
             self._staged = []
             for _ in range(batches):

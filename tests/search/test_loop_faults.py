@@ -170,7 +170,10 @@ def test_a_run_whose_controller_on_another_host_stopped_beating_goes_back_to_the
 
 class ProfileReadingTuner:
     """A proposer that, like the LLM's, reads the Nsight Compute summary (the tuner's moves, no network)."""
-    reads_profiles = True
+    from appliance.proposers.base import Traits
+
+    name = "tune"
+    traits = Traits(reads_profiles=True, avoids_seen=True, starts_on_pending_seed=True, needs_no_screen=True)
 
     def __init__(self):
         import random
@@ -244,7 +247,9 @@ def test_the_tuner_asked_for_two_parents_in_one_generation_does_not_propose_the_
                              speedup_vs_eager=speedup)
 
     class SameSettingsForEveryParent:  # as per-shape settings composed from one family are
-        name = "tune"
+        from appliance.proposers.tune import TuneProposer
+
+        name, traits = "tune", TuneProposer.traits
 
         def __init__(self):
             self.parents = []
@@ -330,12 +335,14 @@ def test_with_slow_screens_the_loop_neither_overshoots_its_budget_nor_piles_up_p
     from appliance.proposers.base import Proposal
 
     class LikeAnLLM:  # a new source every time, from a proposer whose candidates are screened
-        name = "llm"
+        from appliance.proposers.llm import LLMProposer
+
+        name, traits = "llm", LLMProposer.traits
 
         def __init__(self, seed):
             self.seed, self.asked = seed, itertools.count()
 
-        def propose(self, ctx, n):
+        def propose(self, ctx, n, seen=None):
             return [Proposal(source=self.seed + f"\nVARIANT = {next(self.asked)}\n", proposer="llm") for _ in range(n)]
 
     class QuickPipeline:
