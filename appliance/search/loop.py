@@ -23,7 +23,7 @@ from appliance.db.models import Candidate
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import PROFILE_MIN_GAIN, Outcome, Pipeline
 from appliance.metrics import Metrics
-from appliance.proposers.base import Example, Measured, PromptContext, Proposal
+from appliance.proposers.base import Example, Measured, PromptContext, Proposal, Traits
 from appliance.proposers.edits import source_hash
 from appliance.search.database import Entry, SearchDatabase, feedback
 from appliance.tasks import Task
@@ -84,10 +84,12 @@ class Optimizer:
         # Compile-only checks before a candidate takes a GPU slot (evaluation/compile_screen.py; CPU-only nodes).
         self.screens = list(screens or [])
         self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
+        # No proposer: a hand submission evaluated by `appliance submit` (its new bests are profiled, as an LLM's).
+        self.traits = proposer.traits if proposer is not None else Traits(reads_profiles=True)
         self.metrics, self.should_stop = metrics, should_stop
         self.failure_streak = 0  # infrastructure failures in a row
         for p in pipelines:
-            p.profile_if = ProfileNewBests(self, enabled=proposer.traits.reads_profiles)
+            p.profile_if = ProfileNewBests(self, enabled=self.traits.reads_profiles)
         if metrics:
             for p in pipelines:
                 metrics.worker_up(p.jail.gpu)
@@ -219,7 +221,7 @@ class Optimizer:
             return queued
         free = _free_slots(screen_slots, [s for _, s in screening.values()])
         waiting = {c.id for c, _ in screening.values()}
-        unscreened = self.proposer.name if self.proposer.traits.needs_no_screen else None
+        unscreened = self.proposer.name if self.traits.needs_no_screen else None
         ready = [c for c in queued if c.id in cleared or c.proposer == unscreened]
         for c in queued:
             if c.id in cleared or c.proposer == unscreened or c.id in waiting:
@@ -257,7 +259,7 @@ class Optimizer:
         """Whether proposals can be made while evaluations are in flight: something passed, or the tuner may build on
         the seed still being evaluated (_starting_point)."""
         db = self._database()
-        return db.best() is not None or (self.proposer.traits.starts_on_pending_seed and
+        return db.best() is not None or (self.traits.starts_on_pending_seed and
                                          self._starting_point(db) is not None)
 
     def _external_status(self) -> str | None:
@@ -393,7 +395,7 @@ class Optimizer:
                 return False
             groups.setdefault(parent.candidate.id, (parent, []))[1].append(island)
         asks = [(parent, islands, self._context(db, parent, measured, timings)) for parent, islands in groups.values()]
-        if self.proposer.traits.avoids_seen:
+        if self.traits.avoids_seen:
             # The tuner, in this process and fast: one parent after another, each told what the others proposed,
             # so that two parents of one family do not both propose the same settings (one would be dropped).
             taken, answers = set(seen), []
@@ -426,7 +428,7 @@ class Optimizer:
           run gave one verdict). A seed that fails leaves these to be evaluated: the run goes on from those that
           pass, and ends when none does."""
         seeds = [e for e in db.entries if e.candidate.proposer in SEED_PROPOSERS]
-        if not self.proposer.traits.starts_on_pending_seed:
+        if not self.traits.starts_on_pending_seed:
             evaluated = [e for e in seeds if e.evaluation is not None]
             return evaluated[0] if evaluated else None
         if self.state["generation"] == 0:
@@ -438,7 +440,7 @@ class Optimizer:
 
     def _ask(self, ctx: PromptContext, n: int, seen: set[str]) -> list[Proposal]:
         try:  # (a proposer that does not avoid seen sources itself has its duplicates dropped here)
-            return self.proposer.propose(ctx, n, seen=seen if self.proposer.traits.avoids_seen else None)
+            return self.proposer.propose(ctx, n, seen=seen if self.traits.avoids_seen else None)
         except Exception as exc:  # noqa: BLE001 - a proposer bug costs a recorded failure, never the run
             return [Proposal(source=None, proposer=self.proposer.name, kind="proposer_error",
                              failure=f"proposer_error: {type(exc).__name__}: {exc}"[:500])]
