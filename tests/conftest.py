@@ -87,3 +87,29 @@ def fake_llm():
         server.release.set()
         server.shutdown()
         server.server_close()
+
+
+def run_in_terminal(argv: list[str], timeout_s: float) -> tuple[int, bytes]:
+    """Run argv in a pseudo-terminal (as over SSH, 200 columns) until it exits; its exit code and all it drew."""
+    import pty
+    import select
+    import subprocess
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=REPO, start_new_session=True,
+                            env=os.environ | {"TERM": "xterm-256color", "COLUMNS": "200"})
+    os.close(slave)
+    screen, deadline = b"", time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    screen += os.read(master, 65536)
+                except OSError:  # the terminal closed as it exited
+                    break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return proc.wait(timeout=10), screen

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, REPO, Appliance, candidate
+from tests.conftest import FIXTURES, REPO, Appliance, candidate, run_in_terminal
 
 COMMANDS = ("eval", "tasks", "history", "runs", "show")
 EVAL_ARGS = ("--json", "--device", "cpu", "--baselines", "eager", "--timing-budget", "0.05")
@@ -301,29 +301,10 @@ def test_history_and_runs_keep_their_ids_at_80_columns(appliance, softmax_task, 
 
 def test_eval_in_a_terminal_shows_its_stages_as_they_happen(home, softmax_task):
     """In a terminal (a pty, as over SSH) `eval` says what it is doing while it does it; in a pipe it does not."""
-    import pty
-    import select
-    import time
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "appliance", "eval", str(softmax_task), str(candidate("good")),
-                             "--device", "cpu", "--baselines", "eager", "--timing-budget", "0.05"],
-                            stdin=slave, stdout=slave, stderr=slave, cwd=REPO, start_new_session=True,
-                            env=os.environ | {"TERM": "xterm-256color", "COLUMNS": "200"})
-    os.close(slave)
-    screen, deadline = b"", time.monotonic() + 180
-    try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            if select.select([master], [], [], 0.2)[0]:
-                try:
-                    screen += os.read(master, 65536)
-                except OSError:
-                    break
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-    assert proc.wait(timeout=10) == 0
+    code, screen = run_in_terminal([sys.executable, "-m", "appliance", "eval", str(softmax_task),
+                                    str(candidate("good")), "--device", "cpu", "--baselines", "eager",
+                                    "--timing-budget", "0.05"], timeout_s=180)
+    assert code == 0
     assert b"preparing the task" in screen and b"the candidate, jailed" in screen, screen[-2000:]
     piped = subprocess.run([sys.executable, "-m", "appliance", "eval", str(softmax_task), str(candidate("syntax_error")),
                             "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)

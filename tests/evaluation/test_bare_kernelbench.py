@@ -72,19 +72,25 @@ def test_a_wrong_kernel_fails_at_the_shape_or_bound_that_finds_it(pipeline, task
     assert f"at shape {shape} " in outcome.reason, outcome.reason
 
 
-def test_a_derived_shape_the_reference_cannot_run_is_dropped_and_listed(tmp_path):
+def _honest_kernel_on_a_model_that_also(check: str, tmp_path):
+    """The honest kernel's outcome on the bare task whose Model first runs `check` (an assert line)."""
     from appliance.tasks import load_task
     from appliance.evaluation.pipeline import EvalSettings, Pipeline
     from sandbox.jail import Jail
 
-    path = tmp_path / "even_only.py"
+    path = tmp_path / "checked.py"
     path.write_text(TASK.read_text().replace("        return torch.softmax(x, dim=-1)",
-                                             "        assert x.shape[-1] % 2 == 0, 'an even width only'\n"
-                                             "        return torch.softmax(x, dim=-1)"))
+                                             f"        {check}\n        return torch.softmax(x, dim=-1)"))
     pipeline = Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05,
                                              jobs_dir=tmp_path / "jobs"))
-    outcome = pipeline.evaluate(load_task(path), FIXTURES / "candidates" / "good.py")
-    pipeline.close()
+    try:
+        return pipeline.evaluate(load_task(path), FIXTURES / "candidates" / "good.py")
+    finally:
+        pipeline.close()
+
+
+def test_a_derived_shape_the_reference_cannot_run_is_dropped_and_listed(tmp_path):
+    outcome = _honest_kernel_on_a_model_that_also("assert x.shape[-1] % 2 == 0, 'an even width only'", tmp_path)
     assert outcome.verdict == "pass", outcome.reason
     dropped = {d["name"]: d for d in outcome.details["dropped_shapes"]}
     assert set(dropped) == {"odd", "smaller_scaled", "strided_outliers", "nonfinite"}  # 127 and 33: odd widths
@@ -94,19 +100,8 @@ def test_a_derived_shape_the_reference_cannot_run_is_dropped_and_listed(tmp_path
 def test_a_derived_shape_whose_float64_reference_cannot_run_is_dropped_too(tmp_path):
     """The checks compare with the Model in float64: a derived shape where only that fails (here a Model that
     refuses odd widths in float64) is dropped and listed, not turned into a task error for every candidate."""
-    from appliance.tasks import load_task
-    from appliance.evaluation.pipeline import EvalSettings, Pipeline
-    from sandbox.jail import Jail
-
-    path = tmp_path / "no_odd_float64.py"
-    path.write_text(TASK.read_text().replace(
-        "        return torch.softmax(x, dim=-1)",
-        "        assert x.dtype != torch.float64 or x.shape[-1] % 2 == 0, 'no odd widths in float64'\n"
-        "        return torch.softmax(x, dim=-1)"))
-    pipeline = Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05,
-                                             jobs_dir=tmp_path / "jobs"))
-    outcome = pipeline.evaluate(load_task(path), FIXTURES / "candidates" / "good.py")
-    pipeline.close()
+    outcome = _honest_kernel_on_a_model_that_also(
+        "assert x.dtype != torch.float64 or x.shape[-1] % 2 == 0, 'no odd widths in float64'", tmp_path)
     assert outcome.verdict == "pass", outcome.reason
     dropped = {d["name"]: d for d in outcome.details["dropped_shapes"]}
     assert set(dropped) == {"odd", "smaller_scaled", "strided_outliers", "nonfinite"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, candidate
+from tests.conftest import REPO, candidate, run_in_terminal
 from tests.fake_llm import completion
 
 SOFTMAX = REPO / "benchmarks/tasks/softmax.py"
@@ -270,25 +270,7 @@ def test_the_tuner_gives_each_shape_the_settings_that_were_fastest_there(applian
 
 def test_optimize_in_a_terminal_shows_a_live_line(home):
     """In a terminal, a line under the log says what the run is at: evaluated, in flight, best, budget left."""
-    import pty
-    import select
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "appliance", "optimize", str(SOFTMAX), "--max-candidates", "2",
-                             *FAST], stdin=slave, stdout=slave, stderr=slave, cwd=REPO, start_new_session=True,
-                            env=os.environ | {"TERM": "xterm-256color", "COLUMNS": "200"})
-    os.close(slave)
-    screen, deadline = b"", time.monotonic() + 240
-    try:
-        while proc.poll() is None and time.monotonic() < deadline:
-            if select.select([master], [], [], 0.2)[0]:
-                try:
-                    screen += os.read(master, 65536)
-                except OSError:
-                    break
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-    assert proc.wait(timeout=10) == 0
+    code, screen = run_in_terminal([sys.executable, "-m", "appliance", "optimize", str(SOFTMAX), "--max-candidates",
+                                    "2", *FAST], timeout_s=240)
+    assert code == 0
     assert b"in flight, best " in screen and b"of 2 evaluations" in screen, screen[-2000:]
