@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from appliance import parsing
 from appliance.db import Store, Timing
 from appliance.errors import ApplianceError
 from appliance.review import Winner, convergence, lineage, winner
@@ -118,7 +119,7 @@ def _rename_class(source: str, old: str, new: str) -> str:
     `super(old, self)` inside it too; other uses of the name then mean the winner."""
     import ast
 
-    found = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == old]
+    found = [n for n in parsing.parse(source).body if isinstance(n, ast.ClassDef) and n.name == old]
     if len(found) != 1:
         raise ApplianceError(f"the task defines class {old} {len(found)} times at the top level: no drop-in patch")
     cls = found[0]

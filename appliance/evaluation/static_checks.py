@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 
+from appliance import parsing
 from appliance.evaluation.verdicts import Rejection
 
 
@@ -19,7 +20,7 @@ def static_rejection(source: str, task_source: str) -> Rejection | None:
     if len(source) > MAX_PARSED_BYTES or len(task_source) > MAX_PARSED_BYTES:
         return None
     try:
-        tree = ast.parse(source)
+        tree = parsing.parse(source)
     except SyntaxError as e:
         where = f"line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
         return _load_error(f"syntax error at {where}: {e.msg}")
@@ -31,7 +32,7 @@ def static_rejection(source: str, task_source: str) -> Rejection | None:
                            "Model takes, in its constructor and its forward)")
     new = _class(tree, "ModelNew")
     try:
-        model = _class(ast.parse(task_source), "Model")
+        model = _class(parsing.parse(task_source), "Model")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         model = None
     if new is None or model is None or _reshaped(new):
