@@ -24,6 +24,7 @@ from appliance.evaluation.host_memory import HostMemory
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
 from appliance.model_cli import model_app
 from appliance.search.loop import OptimizeConfig, Summary
+from appliance.proposers.mix import parse_names, uses_llm
 from appliance.evaluation.timings import CPU_TIMING_NOTE
 from appliance.tasks import load_task, reference_seed
 
@@ -259,7 +260,9 @@ def optimize(
         "--from", help="Seed candidate (a ModelNew that passes the gate). Default: the bundled baseline "
                        "benchmarks/baselines/NAME.py when the task is from the bundled suite.")] = None,
     proposer: Annotated[Optional[str], typer.Option(
-        help="tune (parameter tuner) | llm (APPLIANCE_LLM_URL). Default: llm when an endpoint is configured.")] = None,
+        help="tune (parameter tuner) | llm (APPLIANCE_LLM_URL) | llm:PROFILE (a model profile's server), or several "
+             "comma-separated (tune,llm:fast,llm:strong): a bandit gives each slot to the one with the best gain per "
+             "GPU-second and token so far. Default: llm when an endpoint is configured, else tune.")] = None,
     max_candidates: Annotated[Optional[int], typer.Option(help="Budget: evaluated candidates (default 20).")] = None,
     max_gpu_seconds: Annotated[Optional[float], typer.Option(help="Budget: GPU seconds of evaluation.")] = None,
     max_wall: Annotated[Optional[float], typer.Option(help="Budget: wall seconds of the run, over all sessions.")] = None,
@@ -306,24 +309,27 @@ def optimize(
             t = load_task(task)
             seed_file = start_from or (s.suite_dir.parent / "baselines" / task.name)  # the bundled baseline
             chosen = proposer or ("llm" if s.llm_url else "tune")
-            if chosen not in ("tune", "llm"):
-                raise ApplianceError(f"--proposer takes tune or llm, not {chosen!r}")
+            names = parse_names(chosen)
             seed_proposer = "seed"
             if start_from is not None and not start_from.is_file():
                 raise ApplianceError(f"--from {start_from}: no such file")
-            if start_from is not None and chosen == "tune" and not _declares_tunables(start_from):
-                raise ApplianceError(f"the tuner changes only a kernel's declared TUNABLES, and {start_from} declares "
-                                     "none: declare them (appliance/proposers/tune.py says how), leave out --from "
+            if start_from is not None and names == ["tune"] and not _tunable(start_from):
+                raise ApplianceError(f"the tuner changes a kernel's declared TUNABLES, or the literal block sizes, "
+                                     f"num_warps and num_stages of its Triton launches, and {start_from} has none: "
+                                     "declare them (appliance/proposers/tune.py says how), leave out --from "
                                      "to start from torch.compile's kernels (which declare their launch configs), "
                                      "or use --proposer llm")
-            if seed_file.is_file() and (chosen == "llm" or start_from is not None or _declares_tunables(seed_file)):
+            # The bundled baseline, unless the tuner is in the run and could not tune it (then every proposer
+            # starts from torch.compile's kernels, which declare their launch configs).
+            if seed_file.is_file() and ("tune" not in names or start_from is not None
+                                        or _declares_tunables(seed_file)):
                 seed_source, seed_path, seed_note = (seed_file.read_text(errors="replace"), str(seed_file.resolve()),
                                                      "seed candidate")
             else:  # no kernel the proposer can work on: torch.compile's own, written out (an LLM's parent too)
                 captured = _compile_seed(t, device, mode, gpus, unsafe_no_jail or s.unsafe_no_jail, as_json)
                 if captured.source is not None:
                     seed_source, seed_path, seed_note, seed_proposer = captured.source, None, captured.note, "compile"
-                elif chosen == "llm":
+                elif uses_llm(names):
                     # The LLM starts from the reference itself (which fails the gate as a library fallback; its
                     # first proposals are built on it and on that verdict).
                     seed_source, seed_path, seed_note = reference_seed(t), None, "the task's reference, as ModelNew"
@@ -331,7 +337,7 @@ def optimize(
                     raise ApplianceError(f"no seed candidate: {captured.failure}. Give --from FILE (a ModelNew that "
                                          "passes the gate), or serve an LLM (APPLIANCE_LLM_URL, `appliance model "
                                          "serve`) and use --proposer llm, which can start from the reference")
-            config = OptimizeConfig(proposer=chosen, max_candidates=max_candidates or 20,
+            config = OptimizeConfig(proposer=",".join(names), max_candidates=max_candidates or 20,
                                     max_gpu_seconds=max_gpu_seconds, max_wall_s=max_wall, max_tokens=max_tokens,
                                     batch=batch, islands=islands, seed=seed, device=device, mode=mode,
                                     timing_budget_s=timing_budget, workers=workers or 0)
@@ -345,7 +351,7 @@ def optimize(
                       f"run {run.id} queued for `appliance controller`")
                 return
         try:
-            proposer_of_run = _proposer(config)  # (an LLM run with no endpoint fails here, before any worker starts)
+            proposers = _proposers(config)  # (an LLM run with no endpoint fails here, before any worker starts)
             pipelines = _pipelines(config, gpus, unsafe_no_jail or s.unsafe_no_jail)
         except ApplianceError:
             if run.status == "created":  # made by this command: not left `created` forever (`runs` shows why)
@@ -358,7 +364,7 @@ def optimize(
             if not as_json and err.is_terminal:  # a live line under the log; nothing of it in a pipe or --json
                 spinner = live.enter_context(err.status(f"run {run.id}: starting", spinner="dots"))
                 status = spinner.update
-            optimizer = Optimizer(store, run.id, t, pipelines, proposer_of_run, config,
+            optimizer = Optimizer(store, run.id, t, pipelines, proposers, config,
                                   s.home / "runs" / str(run.id), log,
                                   screens=_screens(config, pipelines, unsafe_no_jail or s.unsafe_no_jail),
                                   status=status)
@@ -436,7 +442,7 @@ def _controller_loop(store, stop, poll: float, supervisor, metrics, unsafe_no_ja
         try:
             config = OptimizeConfig.from_dict(run.config)
             pipelines = _pipelines(config, None, unsafe_no_jail, supervisor)
-            optimizer = Optimizer(store, run.id, _task_of_run(store, run), pipelines, _proposer(config), config,
+            optimizer = Optimizer(store, run.id, _task_of_run(store, run), pipelines, _proposers(config), config,
                                   s.home / "runs" / str(run.id),
                                   log=lambda line, rid=run.id: err.print(f"run {rid}: {_plain(line)}",
                                                                           highlight=False),
@@ -511,7 +517,7 @@ def submit(
         row = store.add_candidate(run.id, run.task_id, candidate.read_text(errors="replace"),
                                   path=str(candidate.resolve()), proposer="manual", status="queued", island=0,
                                   note=f"submitted by hand: {candidate.name}")
-        optimizer = Optimizer(store, run.id, t, _pipelines(config, None, s.unsafe_no_jail), None, config,
+        optimizer = Optimizer(store, run.id, t, _pipelines(config, None, s.unsafe_no_jail), [], config,
                               s.home / "runs" / str(run.id))
         optimizer.evaluate([row])
         ranked = [c.id for c, e in sorted(((c, e) for c, e in store.run_candidates(run.id)
@@ -669,7 +675,7 @@ def _screens(config: OptimizeConfig, pipelines: list, unsafe: bool) -> list:
 
     s = state.settings
     on_gpus = [p for p in pipelines if isinstance(p, ray_executor.RayPipeline) and p.jail.gpu is not None]
-    if config.proposer == "tune" or not on_gpus:
+    if parse_names(config.proposer) == ["tune"] or not on_gpus:
         return []
     try:
         archs = {p.arch() for p in on_gpus}
@@ -705,21 +711,38 @@ def _compile_seed(task, device: str, mode: Optional[str], gpus: Optional[str], u
     return seed
 
 
-def _proposer(config: OptimizeConfig):
+def _proposers(config: OptimizeConfig) -> list:
+    """The run's proposers, by the names in config.proposer (proposers/mix.py)."""
     import random
 
-    if config.proposer == "llm":
-        from appliance.proposers.llm import LLMProposer, LLMSettings
-
-        s = state.settings
-        if not s.llm_url:
-            raise ApplianceError("the llm proposer needs APPLIANCE_LLM_URL (and APPLIANCE_LLM_MODEL); "
-                                 "`appliance optimize --proposer tune` works without one")
-        return LLMProposer(LLMSettings(base_url=s.llm_url, model=s.llm_model, api_key=s.llm_api_key,
-                                       max_tokens=s.llm_max_tokens, seed=config.seed))
     from appliance.proposers.tune import TuneProposer
 
-    return TuneProposer(random.Random(config.seed))
+    s = state.settings
+    out = []
+    for name in parse_names(config.proposer):
+        if name == "tune":
+            out.append(TuneProposer(random.Random(config.seed)))
+            continue
+        from appliance.proposers.llm import LLMProposer, LLMSettings
+
+        profile_name = name.partition(":")[2]
+        if profile_name:  # the model a profile serves: its URL and served name
+            from appliance.models import load_profile
+
+            profile = load_profile(profile_name)
+            max_tokens = (s.llm_max_tokens if s.llm_max_tokens_set or not profile.max_tokens
+                          else profile.max_tokens)
+            settings = LLMSettings(base_url=profile.base_url, model=profile.served_name, api_key=s.llm_api_key,
+                                   max_tokens=max_tokens, seed=config.seed)
+        elif not s.llm_url:
+            raise ApplianceError("the llm proposer needs APPLIANCE_LLM_URL (and APPLIANCE_LLM_MODEL), or name a "
+                                 "model profile (--proposer llm:PROFILE, `appliance model list`); "
+                                 "`appliance optimize --proposer tune` works without one")
+        else:
+            settings = LLMSettings(base_url=s.llm_url, model=s.llm_model, api_key=s.llm_api_key,
+                                   max_tokens=s.llm_max_tokens, seed=config.seed)
+        out.append(LLMProposer(settings, name=name))
+    return out
 
 
 def _print_summary(summary: Summary, as_json: bool) -> None:
@@ -740,6 +763,8 @@ def _print_summary(summary: Summary, as_json: bool) -> None:
             out.print(f"  {label}: candidate c{d['candidate_id']} ({d['proposer']}) {d['verdict']}, {speed}"
                       + (f" - {_plain(d['note'])}" if d.get("note") else ""), soft_wrap=True)
     out.print(f"  usage: {summary.usage}")
+    for y in summary.proposers:
+        out.print(f"  {_plain(y['line'])}", soft_wrap=True)
 
 
 @app.command()
@@ -784,6 +809,16 @@ def _optimise_with(baseline: Path) -> str:
     if _declares_tunables(baseline):
         return "tune, llm: from the bundled baseline"
     return "tune: from torch.compile's kernels (the baseline declares no TUNABLES); llm: from the bundled baseline"
+
+
+def _tunable(path: Path) -> bool:
+    """Whether the tuner can work on this kernel: declared TUNABLES, or launch parameters it can find."""
+    from appliance.proposers.tune import tunable
+
+    try:
+        return tunable(path.read_text(errors="replace"))
+    except OSError:
+        return False
 
 
 def _declares_tunables(path: Path) -> bool:
@@ -839,6 +874,8 @@ def _column(name: str, rows) -> dict:
         return {"no_wrap": True, "min_width": max([2, *(len(str(r.id)) for r in rows)])}
     if name == "when":
         return {"no_wrap": True, "min_width": 11}
+    if name == "proposers":
+        return {"overflow": "fold"}
     if name in ("status", "verdict", "vs eager", "vs compile", "best vs eager"):
         return {"no_wrap": True}
     return {"no_wrap": True, "overflow": "ellipsis"}
@@ -850,17 +887,32 @@ def runs(
     limit: Annotated[int, typer.Option(help="Newest N runs.")] = 50,
 ) -> None:
     """List runs (each `eval` is a one-candidate run), newest first."""
-    rows = _store().list_runs(limit=limit)
+    from appliance.proposers.mix import run_yields
+
+    store = _store()
+    rows = store.list_runs(limit=limit)
+    yields = {r.id: run_yields((store.get_run(r.id).config or {}), store.run_candidates(r.id)) if r.kind == "optimize"
+              else [] for r in rows}
     if as_json:
-        print(json.dumps([_asdict(r) for r in rows], default=str))
+        print(json.dumps([_asdict(r) | {"proposers": [y.as_dict() for y in yields[r.id]]} for r in rows],
+                         default=str))
         return
     table = _table("Runs")
-    for col in ("id", "when", "task", "kind", "status", "cands", "evals", "best vs eager"):
+    columns = ["id", "when", "task", "kind", "status", "cands", "evals", "best vs eager", "proposers"]
+    if out.width < 110:  # a narrow terminal: each run's proposers are in `optimize`'s summary and the TUI
+        columns.remove("proposers")
+    for col in columns:
         table.add_column(col, **_column(col, rows))
     for r in rows:
-        table.add_row(str(r.id), f"{r.created_at:%m-%d %H:%M}", r.task_name, r.kind, r.status,
-                      str(r.candidates), str(r.evaluations), _x(r.best_speedup_vs_eager))
+        # Each proposer: evaluated candidates that beat their parent / proposed, and the speed it found (x2 = 2x).
+        found = ", ".join(f"{y.proposer} {y.improved}/{y.pulls}" + (f" x{2 ** y.gain:.3g}" if y.improved else "")
+                          for y in yields[r.id]) or "-"
+        cells = [str(r.id), f"{r.created_at:%m-%d %H:%M}", r.task_name, r.kind, r.status, str(r.candidates),
+                 str(r.evaluations), _x(r.best_speedup_vs_eager), found]
+        table.add_row(*cells[:len(columns)])
     out.print(table)
+    if "proposers" in columns:
+        out.print("proposers: candidates faster than their parent / proposed, and the speed they found together.")
 
 
 @app.command()

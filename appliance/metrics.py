@@ -76,7 +76,7 @@ class Metrics:
         if proposal.tokens_in or proposal.tokens_out:
             self.llm_tokens.labels("prompt").inc(proposal.tokens_in)
             self.llm_tokens.labels("completion").inc(proposal.tokens_out)
-        if proposal.proposer == "llm" and proposal.latency_s:
+        if proposal.proposer.partition(":")[0] == "llm" and proposal.latency_s:  # llm, llm:PROFILE
             self.llm_seconds.observe(proposal.latency_s)
 
     def best(self, run_id: int, vs_eager: float | None, vs_compile: float | None) -> None:

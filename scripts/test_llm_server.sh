@@ -13,6 +13,8 @@ cmd=${1:-}
 dir=${2:-$HOME/.cache/appliance-test-llm}
 port=${3:-8011}
 name=smollm2-135m  # the served model name the tests ask for
+# A second name for the same weights: a run that mixes two "models" (a fast one and a strong one) is tested on it.
+second_name=smollm2-135m-deep
 py=$dir/venv/bin/python
 
 log() { echo "test_llm_server: $*" >&2; }
@@ -65,7 +67,7 @@ start() {
   # HF_HUB_OFFLINE: everything is local; never reach for the hub.
   HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} \
     setsid "$py" -m vllm.entrypoints.openai.api_server \
-    --model "$dir/model" --served-model-name "$name" --host 127.0.0.1 --port "$port" \
+    --model "$dir/model" --served-model-name "$name" "$second_name" --host 127.0.0.1 --port "$port" \
     --max-model-len 2048 --dtype bfloat16 --enforce-eager >"$dir/server.log" 2>&1 </dev/null &
   echo $! >"$dir/server.pid"
   local t0=$SECONDS

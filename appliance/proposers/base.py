@@ -78,3 +78,8 @@ class Proposer(Protocol):
     traits: ClassVar[Traits]
 
     def propose(self, ctx: PromptContext, n: int, seen: set[str] | None = None) -> list[Proposal]: ...
+
+    def accepts(self, parent_source: str) -> bool:
+        """Whether it can build on this parent at all (the tuner needs declared TUNABLES). Asked only when a run
+        has other proposers to give the slot to; a proposer asked anyway records why it could not propose."""
+        ...

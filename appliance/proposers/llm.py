@@ -46,13 +46,17 @@ class LLMProposer:
     name = "llm"
     traits = Traits(reads_profiles=True)  # the prompt carries the Nsight Compute summary (search/database.py)
 
-    def __init__(self, settings: LLMSettings):
+    def __init__(self, settings: LLMSettings, name: str = "llm"):
+        self.name = name  # "llm", or "llm:PROFILE" when a run mixes several models (proposers/mix.py)
         self.settings = settings
         self.client = _client(settings)
         self.system, self.user = load_templates(settings.templates_dir)
         self._requests = itertools.count()
         # The loop asks for several parents at once, each with n requests: `concurrency` bounds them all together.
         self._in_flight = threading.BoundedSemaphore(max(1, settings.concurrency))
+
+    def accepts(self, parent_source: str) -> bool:
+        return True  # any parent, even one that failed the gate (its verdict is in the prompt)
 
     def propose(self, ctx: PromptContext, n: int, seen: set[str] | None = None) -> list[Proposal]:
         prompts = [self._messages(prompt_fields(ctx))]

@@ -23,7 +23,9 @@ from appliance.db.models import Candidate
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.pipeline import PROFILE_MIN_GAIN, Outcome, Pipeline
 from appliance.metrics import Metrics
-from appliance.proposers.base import Example, Measured, PromptContext, Proposal, Traits
+from appliance.proposers import mix
+from appliance.proposers.base import Example, Measured, PromptContext, Proposal
+from appliance.proposers.mix import Bandit
 from appliance.proposers.edits import source_hash
 from appliance.search.database import Entry, SearchDatabase, feedback
 from appliance.tasks import Task
@@ -72,10 +74,11 @@ class Summary:
     best: dict | None
     seed: dict | None
     usage: dict = field(default_factory=dict)
+    proposers: list[dict] = field(default_factory=list)  # each proposer's yield (proposers/mix.py)
 
 
 class Optimizer:
-    def __init__(self, store: Store, run_id: int, task: Task, pipelines: list[Pipeline], proposer,
+    def __init__(self, store: Store, run_id: int, task: Task, pipelines: list[Pipeline], proposers: list,
                  config: OptimizeConfig, work_dir: Path, log: Callable[[str], None] = lambda _: None,
                  metrics: Metrics | None = None, should_stop: Callable[[], bool] = lambda: False,
                  screens: list | None = None, status: Callable[[str], None] | None = None):
@@ -83,13 +86,16 @@ class Optimizer:
         self.status = status  # a live line for a terminal: evaluated, in flight, best so far, budget left
         # Compile-only checks before a candidate takes a GPU slot (evaluation/compile_screen.py; CPU-only nodes).
         self.screens = list(screens or [])
-        self.proposer, self.config, self.work_dir, self.log = proposer, config, work_dir, log
+        self.config, self.work_dir, self.log = config, work_dir, log
+        # Several proposers share a run: the bandit gives each slot of a generation to one (proposers/mix.py).
+        self.proposers = {p.name: p for p in proposers}
+        self.bandit = Bandit(list(self.proposers))
         # No proposer: a hand submission evaluated by `appliance submit` (its new bests are profiled, as an LLM's).
-        self.traits = proposer.traits if proposer is not None else Traits(reads_profiles=True)
+        reads_profiles = not proposers or any(p.traits.reads_profiles for p in proposers)
         self.metrics, self.should_stop = metrics, should_stop
         self.failure_streak = 0  # infrastructure failures in a row
         for p in pipelines:
-            p.profile_if = ProfileNewBests(self, enabled=self.traits.reads_profiles)
+            p.profile_if = ProfileNewBests(self, enabled=reads_profiles)
         if metrics:
             for p in pipelines:
                 metrics.worker_up(p.jail.gpu)
@@ -221,10 +227,10 @@ class Optimizer:
             return queued
         free = _free_slots(screen_slots, [s for _, s in screening.values()])
         waiting = {c.id for c, _ in screening.values()}
-        unscreened = self.proposer.name if self.traits.needs_no_screen else None
-        ready = [c for c in queued if c.id in cleared or c.proposer == unscreened]
+        unscreened = {p.name for p in self.proposers.values() if p.traits.needs_no_screen}
+        ready = [c for c in queued if c.id in cleared or c.proposer in unscreened]
         for c in queued:
-            if c.id in cleared or c.proposer == unscreened or c.id in waiting:
+            if c.id in cleared or c.proposer in unscreened or c.id in waiting:
                 continue
             if not free or len(ready) + len(screening) >= room:
                 break
@@ -259,8 +265,8 @@ class Optimizer:
         """Whether proposals can be made while evaluations are in flight: something passed, or the tuner may build on
         the seed still being evaluated (_starting_point)."""
         db = self._database()
-        return db.best() is not None or (self.traits.starts_on_pending_seed and
-                                         self._starting_point(db) is not None)
+        return db.best() is not None or any(p.traits.starts_on_pending_seed and self._starting_point(db, p) is not None
+                                            for p in self.proposers.values())
 
     def _external_status(self) -> str | None:
         status = self.store.get_run(self.run_id).status
@@ -384,31 +390,41 @@ class Optimizer:
         for t in self.store.run_timings(self.run_id):
             timings.setdefault(t.evaluation_id, []).append(t)
         measured = self._measured(db, timings)
-        # Parents chosen slot by slot, in order (so a seed gives the same choices); one request per parent for as
-        # many proposals as slots chose it, so that a tuner's proposals for one parent differ from each other.
-        groups: dict[int, tuple[Entry, list[int]]] = {}  # parent id -> (parent, the islands of its slots)
+        # Slot by slot, in order (so a seed gives the same choices): a proposer (the bandit's choice), then a parent
+        # for it. One request per (proposer, parent) for as many proposals as slots chose them, so that a tuner's
+        # proposals for one parent differ from each other.
+        stats = mix.yields(self.store.run_candidates(self.run_id), list(self.proposers))
+        virtual: dict[str, int] = {}  # this generation's choices so far
+        groups: dict[tuple[str, int], tuple[str, Entry, list[int]]] = {}
         for slot in range(max(size, self.config.batch)):
             island = (generation * self.config.batch + slot) % self.config.islands
-            parent = db.select_parent(island, self.config.exploit) or self._starting_point(db)
-            if parent is None:
+            choice = self._choose(db, island, stats, virtual)
+            if choice is None:
                 self.log("no passing candidate to build on: the seed candidate failed the gate")
                 return False
-            groups.setdefault(parent.candidate.id, (parent, []))[1].append(island)
-        asks = [(parent, islands, self._context(db, parent, measured, timings)) for parent, islands in groups.values()]
-        if self.traits.avoids_seen:
-            # The tuner, in this process and fast: one parent after another, each told what the others proposed,
-            # so that two parents of one family do not both propose the same settings (one would be dropped).
-            taken, answers = set(seen), []
-            for _, islands, ctx in asks:
-                answers.append(self._ask(ctx, len(islands), taken))
-                taken |= {source_hash(p.source) for p in answers[-1] if p.source}
-        else:
-            # Every request in flight at once (an LLM answers several prompts in parallel).
-            with ThreadPoolExecutor(len(asks)) as pool:
-                answers = list(pool.map(lambda ask: self._ask(ask[2], len(ask[1]), set(seen)), asks))
+            name, parent = choice
+            virtual[name] = virtual.get(name, 0) + 1
+            groups.setdefault((name, parent.candidate.id), (name, parent, []))[2].append(island)
+        asks = [(name, parent, islands, self._context(db, parent, measured, timings))
+                for name, parent, islands in groups.values()]
+        answers: dict[int, list[Proposal]] = {}
+        # Proposers that avoid seen sources (the tuner), in this process and fast: one parent after another, each
+        # told what the others proposed, so that two parents of one family do not both propose the same settings.
+        taken = set(seen)
+        for i, (name, _, islands, ctx) in enumerate(asks):
+            if self.proposers[name].traits.avoids_seen:
+                answers[i] = self._ask(name, ctx, len(islands), taken)
+                taken |= {source_hash(p.source) for p in answers[i] if p.source}
+        # The others (an LLM answers several prompts in parallel): every request in flight at once.
+        rest = [i for i in range(len(asks)) if i not in answers]
+        if rest:
+            with ThreadPoolExecutor(len(rest)) as pool:
+                for i, proposals in zip(rest, pool.map(lambda i: self._ask(asks[i][0], asks[i][3],
+                                                                           len(asks[i][2]), set(seen)), rest)):
+                    answers[i] = proposals
         queued_any = False
-        for (parent, islands, _), proposals in zip(asks, answers):
-            for island, proposal in zip(itertools.cycle(islands), proposals):
+        for i, (_, parent, islands, _) in enumerate(asks):
+            for island, proposal in zip(itertools.cycle(islands), answers[i]):
                 queued = self._store_proposal(proposal, parent, island, generation, seen)
                 queued_any = queued_any or queued
         self.state["generation"] = generation + 1
@@ -418,7 +434,25 @@ class Optimizer:
             self.state["migrants"] = self._database().migrate(self.state["migrants"])
         return queued_any
 
-    def _starting_point(self, db: SearchDatabase) -> Entry | None:
+    def _choose(self, db: SearchDatabase, island: int, stats: dict, virtual: dict) -> tuple[str, Entry] | None:
+        """A proposer and a parent for one slot. The bandit picks among the proposers that have a parent they can
+        work on (the tuner needs declared TUNABLES); when none can, the bandit's pick is asked anyway and records
+        why it could not propose."""
+        allowed, fallback = list(self.proposers), None
+        while allowed:
+            name = self.bandit.choose(stats, self.rng, allowed, virtual)
+            proposer = self.proposers[name]
+            parent = db.select_parent(island, self.config.exploit) or self._starting_point(db, proposer)
+            if parent is None:
+                allowed.remove(name)
+                continue
+            if len(self.proposers) == 1 or _accepts(proposer, parent.candidate.source):
+                return name, parent
+            fallback = fallback or (name, parent)
+            allowed.remove(name)
+        return fallback
+
+    def _starting_point(self, db: SearchDatabase, proposer) -> Entry | None:
         """The parent before anything passes.
         - An LLM builds on the seed as it is, with its verdict as feedback (e.g. the task's reference, rejected as a
           library fallback, when the run has no kernel to start from).
@@ -428,7 +462,7 @@ class Optimizer:
           run gave one verdict). A seed that fails leaves these to be evaluated: the run goes on from those that
           pass, and ends when none does."""
         seeds = [e for e in db.entries if e.candidate.proposer in SEED_PROPOSERS]
-        if not self.traits.starts_on_pending_seed:
+        if not proposer.traits.starts_on_pending_seed:
             evaluated = [e for e in seeds if e.evaluation is not None]
             return evaluated[0] if evaluated else None
         if self.state["generation"] == 0:
@@ -438,11 +472,12 @@ class Optimizer:
             return pending[0] if pending else None
         return None
 
-    def _ask(self, ctx: PromptContext, n: int, seen: set[str]) -> list[Proposal]:
+    def _ask(self, name: str, ctx: PromptContext, n: int, seen: set[str]) -> list[Proposal]:
+        proposer = self.proposers[name]
         try:  # (a proposer that does not avoid seen sources itself has its duplicates dropped here)
-            return self.proposer.propose(ctx, n, seen=seen if self.traits.avoids_seen else None)
+            return proposer.propose(ctx, n, seen=seen if proposer.traits.avoids_seen else None)
         except Exception as exc:  # noqa: BLE001 - a proposer bug costs a recorded failure, never the run
-            return [Proposal(source=None, proposer=self.proposer.name, kind="proposer_error",
+            return [Proposal(source=None, proposer=name, kind="proposer_error",
                              failure=f"proposer_error: {type(exc).__name__}: {exc}"[:500])]
 
     def _store_proposal(self, p: Proposal, parent: Entry, island: int, generation: int, seen: set[str]) -> bool:
@@ -527,12 +562,15 @@ def summarize(store: Store, run_id: int, state: dict | None = None) -> Summary:
                 "evaluation_id": e.id, "note": entry.candidate.note, "device": e.device}
 
     tokens = sum(c.tokens_in + c.tokens_out for c, _ in rows)
+    device_seconds = "GPU-s" if any(e is not None and e.device == "cuda" for _, e in rows) else "CPU-s"
     return Summary(run_id=run_id, status=run.status, evaluated=sum(1 for _, e in rows if e is not None),
                    passed=len(passed), proposal_failures=sum(1 for c, _ in rows if c.status == "proposal_failed"),
                    duplicates=int(state.get("duplicates", 0)), best=describe(best), seed=describe(seed),
                    usage={"gpu_seconds": round(state.get("gpu_seconds", 0.0), 1),
                           "wall_seconds": round(state.get("elapsed_s", 0.0), 1), "llm_tokens": tokens,
-                          "generations": state.get("generation", 0)})
+                          "generations": state.get("generation", 0)},
+                   proposers=[y.as_dict() | {"line": mix.describe(y, device_seconds)}
+                              for y in mix.run_yields(run.config, rows)])
 
 
 def config_dict(config: OptimizeConfig) -> dict:
@@ -558,6 +596,13 @@ class ProfileNewBests:
 
     def __call__(self, speedup: float | None) -> bool:
         return bool(speedup) and speedup > self.threshold()
+
+
+def _accepts(proposer, source: str) -> bool:
+    try:
+        return proposer.accepts(source)
+    except Exception:  # noqa: BLE001 - a proposer that cannot judge a parent is not given it (the others are)
+        return False
 
 
 def _free_slots(slots: list[Pipeline], busy: list[Pipeline]) -> list[Pipeline]:

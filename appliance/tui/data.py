@@ -16,6 +16,7 @@ from rich.text import Text
 from appliance.db import Candidate, Evaluation, Run, Store, Timing
 from appliance.db.models import Approval
 from appliance.export import unified_diff
+from appliance.proposers.mix import Yield, run_yields
 from appliance.review import Winner, convergence, latest_decisions, ranked, winner
 
 
@@ -110,6 +111,7 @@ class RunView:
     tokens: int
     gpu: str  # the GPU (or CPU) of the latest evaluation, with driver
     workers_used: list[WorkerUse] = field(default_factory=list)  # per host and GPU, so far
+    proposer_yields: list[Yield] = field(default_factory=list)  # each proposer's record (proposers/mix.py)
 
     @property
     def budget(self) -> int | None:
@@ -118,6 +120,10 @@ class RunView:
     @property
     def gpu_hours(self) -> float:
         return (self.run.state or {}).get("gpu_seconds", 0.0) / 3600
+
+    @property
+    def on_gpu(self) -> bool:
+        return not self.gpu.startswith("cpu") and self.gpu != "-"
 
     @property
     def token_rate(self) -> float | None:
@@ -145,7 +151,8 @@ def run_view(store: Store, run_id: int) -> RunView | None:
         evaluated=len(evaluations), queued=sum(1 for c, _ in rows if c.status == "queued"),
         in_flight=[c.id for c, _ in rows if c.status == "evaluating"],
         tokens=sum(c.tokens_in + c.tokens_out for c, _ in rows), gpu=gpu,
-        workers_used=worker_use(evaluations))
+        workers_used=worker_use(evaluations),
+        proposer_yields=run_yields(run.config, rows) if run.kind == "optimize" else [])
 
 
 def _leader_row(c: Candidate, e: Evaluation | None, main: Timing | None, decision: Approval | None) -> LeaderRow:

@@ -48,7 +48,7 @@ def optimizer(store, run_id, cfg, tmp_path, pipeline, proposer=None) -> Optimize
     from appliance.proposers.tune import TuneProposer
     import random
 
-    return Optimizer(store, run_id, load_task(SOFTMAX), [pipeline], proposer or TuneProposer(random.Random(0)), cfg,
+    return Optimizer(store, run_id, load_task(SOFTMAX), [pipeline], [proposer or TuneProposer(random.Random(0))], cfg,
                      tmp_path / "work")
 
 
@@ -111,7 +111,7 @@ def test_every_worker_prepares_the_task_when_the_run_starts_not_when_its_first_c
     from appliance.proposers.tune import TuneProposer
     import random
 
-    summary = Optimizer(store, run_id, load_task(SOFTMAX), pipelines, TuneProposer(random.Random(0)), cfg,
+    summary = Optimizer(store, run_id, load_task(SOFTMAX), pipelines, [TuneProposer(random.Random(0))], cfg,
                         tmp_path / "work").run()
     assert summary.evaluated == 1
     assert kept_at_close == [1, 1]
@@ -260,7 +260,7 @@ def test_the_tuner_asked_for_two_parents_in_one_generation_does_not_propose_the_
             return [Proposal(source=first if source_hash(first) not in seen else second, proposer="tune")]
 
     proposer = SameSettingsForEveryParent()
-    opt = Optimizer(store, run_id, load_task(SOFTMAX), [Pipeline(Jail(), settings(tmp_path))], proposer, cfg,
+    opt = Optimizer(store, run_id, load_task(SOFTMAX), [Pipeline(Jail(), settings(tmp_path))], [proposer], cfg,
                     tmp_path / "work")
     assert opt._propose_generation(2)
     assert len(set(proposer.parents)) == 2, proposer.parents
@@ -298,7 +298,7 @@ def test_a_kernel_that_only_the_interpreter_runs_is_rejected_by_the_compile_chec
 
     screen = CountingScreen(tmp_path / "screen")
     opt = Optimizer(store, run_id, load_task(SOFTMAX), [NoEvaluation(Jail(), settings(tmp_path))],
-                    ProfileReadingTuner(), cfg, tmp_path / "work", screens=[screen])
+                    [ProfileReadingTuner()], cfg, tmp_path / "work", screens=[screen])
     assert opt.run().evaluated == 1
     (cand, evaluation), = [(c, e) for c, e in store.run_candidates(run_id) if c.proposer == "llm"]
     assert (evaluation.verdict, evaluation.stage) == ("compile_error", "compile")
@@ -315,7 +315,7 @@ def test_the_compile_check_lets_a_kernel_that_builds_through_and_skips_the_tuner
     store, run_id, cfg, seed = make_run(tmp_path, max_candidates=3)
     screen = CountingScreen(tmp_path / "screen")
     opt = Optimizer(store, run_id, load_task(SOFTMAX), [Pipeline(Jail(), settings(tmp_path))],
-                    ProfileReadingTuner(), cfg, tmp_path / "work", screens=[screen])
+                    [ProfileReadingTuner()], cfg, tmp_path / "work", screens=[screen])
     assert opt.run().evaluated == 3
     verdicts = {c.proposer: e.verdict for c, e in store.run_candidates(run_id)}
     assert verdicts == {"seed": "pass", "tune": "pass"}, verdicts
@@ -375,7 +375,7 @@ def test_with_slow_screens_the_loop_neither_overshoots_its_budget_nor_piles_up_p
 
     store, run_id, cfg, seed = make_run(tmp_path, max_candidates=12, batch=2)
     proposer = LikeAnLLM(seed)
-    opt = Optimizer(store, run_id, load_task(SOFTMAX), [QuickPipeline()], proposer, cfg, tmp_path / "work",
+    opt = Optimizer(store, run_id, load_task(SOFTMAX), [QuickPipeline()], [proposer], cfg, tmp_path / "work",
                     screens=[SlowScreen()])
     assert opt.run().evaluated == 12  # not 13: rejections count, and screens start only while there is room
     verdicts = [e.verdict for _, e in store.run_candidates(run_id) if e is not None]

@@ -140,24 +140,48 @@ def test_garbage_from_the_llm_becomes_recorded_failures_and_the_run_ends_cleanly
 
 
 @pytest.mark.llm
-def test_llm_proposer_against_real_vllm(appliance, home, monkeypatch):
+def test_a_run_mixes_the_tuner_and_two_served_models_and_reports_each_ones_yield(appliance, home, monkeypatch,
+                                                                                  tmp_path):
+    """Against real vLLM. `--proposer tune,llm:fast,llm:deep`: two model profiles (the test server serves the same weights under two
+    names) and the tuner in one run; the bandit tries each, and the summary and `runs` give each one's yield."""
     url = os.environ.get("APPLIANCE_TEST_LLM_URL")
     if not url:
         pytest.skip("set APPLIANCE_TEST_LLM_URL (scripts/test_llm_server.sh start)")
-    monkeypatch.setenv("APPLIANCE_LLM_URL", url)
-    monkeypatch.setenv("APPLIANCE_LLM_MODEL", os.environ.get("APPLIANCE_TEST_LLM_MODEL", "smollm2-135m"))
-    monkeypatch.setenv("APPLIANCE_LLM_MAX_TOKENS", "256")  # the test model's window is 2,048 tokens
-    # A small task and seed: the bundled softmax baseline and its feedback no longer fit that window with the
-    # prompt's instructions (the server rejects such a request, and the run records it as llm_rejected).
+    host_port = url.split("//")[1].split("/")[0]
+    for profile, served in (("fast", "smollm2-135m"), ("deep", "smollm2-135m-deep")):
+        (tmp_path / f"{profile}.toml").write_text(
+            f'description = "the test model as {served}"\nweights_dir = "{tmp_path}"\nserved_name = "{served}"\n'
+            f'device = "cpu"\nport = {host_port.split(":")[1]}\nmax_tokens = 256\n')
+    monkeypatch.setenv("APPLIANCE_MODEL_PROFILES", str(tmp_path))
+    monkeypatch.delenv("APPLIANCE_LLM_URL", raising=False)
     code, summary = optimize(appliance, str(REPO / "tests/fixtures/tasks/rowsoftmax.py"), "--from",
-                             str(candidate("good")), "--proposer", "llm", "--max-candidates", "3",
-                             "--max-tokens", "20000")
+                             str(REPO / "tests/fixtures/candidates/shape_tuned.py"), "--proposer",
+                             "tune,llm:fast,llm:deep", "--max-candidates", "4", "--max-tokens", "40000")
     assert code == 0, summary
-    assert summary["status"] == "finished" and summary["usage"]["llm_tokens"] > 0
-    # The tiny model's proposals mostly fail: each one is a row, evaluated or a recorded proposal failure.
-    proposed = rows(home, "SELECT status, failure FROM candidate WHERE proposer = 'llm'")
-    assert proposed and all(status in ("evaluated", "proposal_failed") for status, _ in proposed)
-    assert not any("llm_rejected" in (failure or "") for _, failure in proposed), proposed
+    proposed = {p for (p,) in rows(home, "SELECT DISTINCT proposer FROM candidate")}
+    assert {"tune", "llm:fast", "llm:deep"} <= proposed, proposed  # each arm tried
+    by_name = {y["proposer"]: y for y in summary["proposers"]}
+    assert set(by_name) == {"tune", "llm:fast", "llm:deep"}
+    assert by_name["llm:fast"]["tokens"] > 0 and by_name["llm:deep"]["tokens"] > 0 and by_name["tune"]["tokens"] == 0
+    assert by_name["tune"]["evaluated"] >= 1
+    # The tiny model's proposals mostly fail: each one is a row, evaluated or a recorded proposal failure, and each
+    # prompt fit the model's 2,048-token window (a small task and seed; none rejected as too long).
+    llm_rows = rows(home, "SELECT status, failure FROM candidate WHERE proposer LIKE 'llm:%'")
+    assert all(status in ("evaluated", "proposal_failed") for status, _ in llm_rows), llm_rows
+    assert not any("llm_rejected" in (failure or "") for _, failure in llm_rows), llm_rows
+    listed = json.loads(appliance("runs", "--json").stdout)[0]
+    assert {y["proposer"] for y in listed["proposers"]} == {"tune", "llm:fast", "llm:deep"}
+
+
+def test_proposer_lists_that_cannot_work_are_refused_with_what_works(appliance, home, monkeypatch, tmp_path):
+    result = appliance("optimize", str(SOFTMAX), "--proposer", "tune,bogus", *FAST)
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "llm:PROFILE" in said and "'bogus'" in said, said
+    monkeypatch.setenv("APPLIANCE_MODEL_PROFILES", str(tmp_path))
+    result = appliance("optimize", str(SOFTMAX), "--proposer", "tune,llm:nowhere", *FAST)
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "unknown model profile 'nowhere'" in said, said
+    assert [r["status"] for r in json.loads(appliance("runs", "--json").stdout)] == ["failed"]
 
 
 def test_evaluations_in_flight_overlap_but_take_turns_on_the_device(appliance, home):
@@ -222,10 +246,11 @@ def test_a_tuner_run_without_a_seed_says_what_to_give(appliance, home):
 
 
 def test_a_tuner_run_from_a_kernel_without_tunables_is_refused_at_the_start_with_what_works(appliance, home):
+    # A CuPy kernel: no TUNABLES, and no Triton launch whose parameters the tuner could take as tunables.
     result = appliance("optimize", str(REPO / "tests/fixtures/tasks/rowsoftmax.py"), "--from",
-                       str(candidate("good")), "--proposer", "tune", *FAST)
+                       str(candidate("cupy_softmax")), "--proposer", "tune", *FAST)
     said = " ".join(result.output.split())
-    assert result.exit_code != 0 and "declares none" in said and "leave out --from" in said, said
+    assert result.exit_code != 0 and "has none" in said and "leave out --from" in said, said
     assert "--proposer llm" in said and json.loads(appliance("runs", "--json").stdout) == []  # no run made
 
 

@@ -10,6 +10,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Header, Static
 
+from appliance.proposers.mix import describe
 from appliance.tui.data import RunView, run_view
 from appliance.tui.format import energy, hours, ms, percent, times, verdict_style
 from appliance.tui.screens.base import PollingScreen
@@ -83,7 +84,8 @@ class RunScreen(PollingScreen):
             f"device        {view.gpu}",
             f"GPU-hours     {hours(view.gpu_hours)}   energy {energy((run.state or {}).get('energy_j'))}",
             f"LLM tokens    {view.tokens}   rate {rate}",
-            f"proposer      {config.get('proposer', '-')}   seed {config.get('seed', '-')}",
+            f"proposers     {config.get('proposer', '-')}   seed {config.get('seed', '-')}",
+            *(f"              {describe(y, 'GPU-s' if view.on_gpu else 'CPU-s')}" for y in view.proposer_yields),
             f"winner        {winner_line}",
         ]
         self.query_one("#run-summary", Static).update("\n".join(lines))
