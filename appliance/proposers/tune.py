@@ -109,7 +109,7 @@ def with_values(source: str, values: dict[str, object]) -> str:
     for name, value in values.items():
         _check_literal(value, f"new value of {name}")
         spans.append((_constant_node(constants, name).value, repr(value)))
-    return _splice(source, spans)
+    return splice(source, spans)
 
 
 def read_per_shape(source: str) -> dict[tuple[int, ...], dict[str, object]] | None:
@@ -135,9 +135,9 @@ def with_per_shape(source: str, table: dict[tuple[int, ...], dict[str, object]])
     """The source with its TUNED_BY_SHAPE table replaced (shapes in order, one per line); every other byte unchanged."""
     node = _table_node(_constants(_parse(source)))
     if not table:
-        return _splice(source, [(node.value, "{}")])
+        return splice(source, [(node.value, "{}")])
     entries = "".join(f"    {shape!r}: {dict(sorted(settings.items()))!r},\n" for shape, settings in sorted(table.items()))
-    return _splice(source, [(node.value, "{\n" + entries + "}")])
+    return splice(source, [(node.value, "{\n" + entries + "}")])
 
 
 def per_shape_proposal(parent: str, measured: list[Measured],
@@ -197,7 +197,7 @@ def _family_settings(source: str) -> tuple[str, dict, dict] | None:
         return None
 
 
-def _splice(source: str, spans: list[tuple[ast.expr, str]]) -> str:
+def splice(source: str, spans: list[tuple[ast.expr, str]]) -> str:
     """The source with each expression node's text replaced; every other byte unchanged."""
     lines = LINE_RE.findall(source)
     starts = list(itertools.accumulate((len(line) for line in lines), initial=0))
@@ -231,7 +231,7 @@ def _family(source: str) -> str | None:
             spans.append((_table_node(constants).value, "{}"))
     except TuneError:
         return None
-    return source_hash(_splice(source, spans))
+    return source_hash(splice(source, spans))
 
 
 def neighbours(values: list, current: object) -> list:
@@ -258,27 +258,37 @@ class TuneProposer:
     def __init__(self, rng: random.Random, explore: float = EXPLORE_SHARE):
         self.rng, self.explore = rng, explore
 
+    def accepts(self, parent_source: str) -> bool:
+        return tunable(parent_source)
+
     def propose(self, ctx: PromptContext, n: int, seen: set[str] | None = None) -> list[Proposal]:
         if n <= 0:
             return []
-        parent = ctx.parent.source
+        parent = original = ctx.parent.source
+        found_note = ""
         try:
+            if not read_tunables(parent) and (found := _discovered(parent)) is not None:
+                # No declaration: the launch parameters found in its Triton launches, written back as tunables.
+                parent, lifted = found
+                found_note = "launch parameters found: " + ", ".join(f.constant for f in lifted) + "; "
             tunables = read_tunables(parent)
             current = current_values(parent)
         except TuneError as e:
             return [self._failure(f"bad_tunables: {e}", "bad_tunables")]
         if not tunables:
             declared = _declaration(parsing.parse(parent))
-            why = "its TUNABLES dict is empty" if declared else "it declares no TUNABLES dict"
+            why = ("its TUNABLES dict is empty" if declared else
+                   "it declares no TUNABLES dict, and its Triton launches have no literal block size, num_warps "
+                   "or num_stages to take as one")
             return [self._failure(f"no_tunables: the parent has nothing to tune: {why}", "no_tunables")]
-        taken = set(seen or ()) | {source_hash(parent)}
+        taken = set(seen or ()) | {source_hash(original), source_hash(parent)}
         proposals: list[Proposal] = []
 
         def offer(source: str, note: str) -> None:
             digest = source_hash(source)
             if digest not in taken:
                 taken.add(digest)
-                proposals.append(Proposal(source=source, proposer=self.name, mode="tune", note=note))
+                proposals.append(Proposal(source=source, proposer=self.name, mode="tune", note=found_note + note))
 
         try:  # first, whatever the run measured per shape (a broken table only costs this step)
             if composed := per_shape_proposal(parent, ctx.measured):
@@ -326,6 +336,22 @@ class TuneProposer:
 
     def _failure(self, why: str, kind: str) -> Proposal:
         return Proposal(source=None, proposer=self.name, failure=why, mode="tune", kind=kind)
+
+
+def tunable(source: str) -> bool:
+    """Whether the tuner has something to move: declared TUNABLES, or launch parameters it can find (discover.py)."""
+    try:
+        return bool(read_tunables(source)) or _discovered(source) is not None
+    except TuneError:
+        return False
+
+
+@functools.lru_cache(maxsize=256)
+def _discovered(source: str):
+    """discover.discover(source), cached: the loop asks `accepts` of the same parents at every slot."""
+    from appliance.proposers.discover import discover  # (it builds on this module's splice)
+
+    return discover(source)
 
 
 def _parse(source: str) -> ast.Module:
