@@ -44,6 +44,7 @@ import random
 import re
 
 from appliance import parsing
+from appliance.proposers import surrogate
 from appliance.proposers.base import Measured, PromptContext, Proposal, Traits
 from appliance.proposers.edits import source_hash
 
@@ -185,6 +186,29 @@ def per_shape_proposal(parent: str, measured: list[Measured],
     return with_per_shape(base.source, new_table), "per shape: " + "; ".join(changes)
 
 
+def model_proposal(parent: str, tunables: dict[str, list], current: dict[str, object], measured: list[Measured],
+                   taken: set[str]) -> tuple[str, str] | None:
+    """(source, note): the parent with the settings a model of its family's main-shape times predicts fastest among
+    those not yet proposed; None until the family has surrogate.MIN_POINTS timed members."""
+    family = _family(parent)
+    points = []
+    for m in measured:
+        if m.main_ms and family is not None and _family(m.source) == family:
+            try:
+                points.append((current_values(m.source), m.main_ms))
+            except TuneError:
+                continue
+    model = surrogate.fit(points, tunables)
+    if model is None:
+        return None
+    for settings, predicted in model.fastest(exclude={surrogate.key(s) for s, _ in points}, limit=8):
+        changed = {name: v for name, v in settings.items() if not _same(v, current[name])}
+        source = with_values(parent, changed) if changed else None
+        if source is not None and source_hash(source) not in taken:
+            return source, f"model ({len(points)} timed): {_note(changed, current, tunables)}, predicted {predicted:.3g} ms"
+    return None
+
+
 @functools.lru_cache(maxsize=4096)
 def _family_settings(source: str) -> tuple[str, dict, dict] | None:
     """(family, constants, per-shape table) of a source with a TUNED_BY_SHAPE table, else None (or unreadable).
@@ -222,6 +246,7 @@ def _table_node(constants: dict[str, list[ast.stmt]]) -> ast.Assign | ast.AnnAss
     return stmts[0]
 
 
+@functools.lru_cache(maxsize=4096)
 def _family(source: str) -> str | None:
     """What a source is apart from its settings: candidates with the same family differ only in tunable values."""
     try:
@@ -295,6 +320,8 @@ class TuneProposer:
                 offer(*composed)
         except TuneError:
             pass
+        if len(proposals) < n and (modelled := model_proposal(parent, tunables, current, ctx.measured, taken)):
+            offer(*modelled)  # then the setting a model of the family's timings predicts fastest (surrogate.py)
         # A share of the proposals jumps anywhere in the space: one-step moves alone get stuck where the better
         # setting is several moves away and each move alone is slower (measured: rmsnorm, docs in EXPLORE_SHARE).
         jumps = sum(self.rng.random() < self.explore for _ in range(n)) if self.explore else 0
