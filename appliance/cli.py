@@ -267,6 +267,9 @@ def optimize(
     max_gpu_seconds: Annotated[Optional[float], typer.Option(help="Budget: GPU seconds of evaluation.")] = None,
     max_wall: Annotated[Optional[float], typer.Option(help="Budget: wall seconds of the run, over all sessions.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Budget: LLM tokens (prompt + completion).")] = None,
+    stop_at_roofline: Annotated[Optional[float], typer.Option(
+        help="Finish once a passing candidate reaches this fraction of the roofline at the main shape (GPU only; "
+             "0: never; default 0.95).")] = None,
     batch: Annotated[int, typer.Option(help="Proposals per generation.")] = 2,
     islands: Annotated[int, typer.Option(help="Islands of the evolutionary database.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of every random choice of the search (reproducible runs).")] = 0,
@@ -301,6 +304,8 @@ def optimize(
                                 ("max_wall_s", max_wall), ("max_tokens", max_tokens)):
                 if value is not None:  # a resumed run may get a bigger budget
                     setattr(config, name, value)
+            if stop_at_roofline is not None:  # (or search on past the roofline it stopped at)
+                config.stop_at_roofline = stop_at_roofline or None
             store.update_run(run.id, config=config_dict(config))
             t = _task_of_run(store, run)
         else:
@@ -340,7 +345,8 @@ def optimize(
             config = OptimizeConfig(proposer=",".join(names), max_candidates=max_candidates or 20,
                                     max_gpu_seconds=max_gpu_seconds, max_wall_s=max_wall, max_tokens=max_tokens,
                                     batch=batch, islands=islands, seed=seed, device=device, mode=mode,
-                                    timing_budget_s=timing_budget, workers=workers or 0)
+                                    timing_budget_s=timing_budget, workers=workers or 0,
+                                    stop_at_roofline=0.95 if stop_at_roofline is None else stop_at_roofline or None)
             row = store.get_or_add_task(t.name, str(t.path), t.source, t.manifest_text)
             run = store.add_run(row.id, "optimize", config_dict(config))
             store.add_candidate(run.id, row.id, seed_source, path=seed_path, proposer=seed_proposer, status="queued",
@@ -762,6 +768,8 @@ def _print_summary(summary: Summary, as_json: bool) -> None:
                 if d.get("device") == "cuda" else "timed on the CPU (Triton's interpreter): no GPU speed, no speedup")
             out.print(f"  {label}: candidate c{d['candidate_id']} ({d['proposer']}) {d['verdict']}, {speed}"
                       + (f" - {_plain(d['note'])}" if d.get("note") else ""), soft_wrap=True)
+    if summary.finished_because:
+        out.print(f"  {_plain(summary.finished_because)}", soft_wrap=True)
     out.print(f"  usage: {summary.usage}")
     for y in summary.proposers:
         out.print(f"  {_plain(y['line'])}", soft_wrap=True)

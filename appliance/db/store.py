@@ -447,6 +447,12 @@ class Store:
             query = select(Run).where(Run.status == status, Run.kind == kind).order_by(col(Run.id))
             return list(session.exec(query).all())
 
+    def runs_of_task(self, task_id: int, kind: str = "optimize") -> list[Run]:
+        """Every run of a task, oldest first."""
+        with self._read() as session:
+            query = select(Run).where(Run.task_id == task_id, Run.kind == kind).order_by(col(Run.id))
+            return list(session.exec(query).all())
+
     def get_task(self, task_id: int) -> Task | None:
         with self._read() as session:
             return session.get(Task, task_id)

@@ -37,6 +37,10 @@ class PromptContext:
     device: str = "cuda"  # what the kernel will run on: "cuda (NVIDIA H200, sm_90)" or "cpu (Triton interpreter)"
     measured: list[Measured] = field(default_factory=list)  # the run's passing candidates and their times
     shapes: list[str] = field(default_factory=list)  # the shapes the gate checks, described (tasks.Shape.describe)
+    # Passing candidates of earlier runs of the task, timed on the same GPU model and driver: the tuner's cache of
+    # settings (a rerun starts from the best known instead of searching again).
+    known: list[Measured] = field(default_factory=list)
+    known_from: str = ""  # where they were timed, for the proposal's note: "runs 3, 5 on NVIDIA H200 (driver 570)"
 
 
 @dataclass

@@ -186,6 +186,25 @@ def per_shape_proposal(parent: str, measured: list[Measured],
     return with_per_shape(base.source, new_table), "per shape: " + "; ".join(changes)
 
 
+def cached_proposal(parent: str, known: list[Measured], known_from: str) -> tuple[str, str] | None:
+    """(source, note): the fastest member at the main shape, among earlier runs' candidates of the parent's family;
+    None when there is none, or the parent is it."""
+    family = _family(parent)
+    members = [m for m in known if m.main_ms and family is not None and _family(m.source) == family]
+    if not members:
+        return None
+    best = min(members, key=lambda m: m.main_ms)
+    if source_hash(best.source) == source_hash(parent):
+        return None
+    try:
+        mine, theirs = current_values(parent), current_values(best.source)
+    except TuneError:
+        return None
+    changes = ", ".join(f"{k} {mine[k]!r}->{v!r}" for k, v in theirs.items() if not _same(v, mine.get(k))) or \
+        "the same constants, its per-shape table"
+    return best.source, f"cached: the fastest of {known_from or 'earlier runs'} ({best.main_ms:.3g} ms): {changes}"
+
+
 def model_proposal(parent: str, tunables: dict[str, list], current: dict[str, object], measured: list[Measured],
                    taken: set[str]) -> tuple[str, str] | None:
     """(source, note): the parent with the settings a model of its family's main-shape times predicts fastest among
@@ -315,12 +334,16 @@ class TuneProposer:
                 taken.add(digest)
                 proposals.append(Proposal(source=source, proposer=self.name, mode="tune", note=found_note + note))
 
-        try:  # first, whatever the run measured per shape (a broken table only costs this step)
-            if composed := per_shape_proposal(parent, ctx.measured):
+        # First, the fastest settings earlier runs of the task found on this GPU (the cache: no search again).
+        if cached := cached_proposal(parent, ctx.known, ctx.known_from):
+            offer(*cached)
+        measured = ctx.measured + ctx.known  # (times from the same GPU model, driver and size mode)
+        try:  # then whatever was measured per shape (a broken table only costs this step)
+            if len(proposals) < n and (composed := per_shape_proposal(parent, measured)):
                 offer(*composed)
         except TuneError:
             pass
-        if len(proposals) < n and (modelled := model_proposal(parent, tunables, current, ctx.measured, taken)):
+        if len(proposals) < n and (modelled := model_proposal(parent, tunables, current, measured, taken)):
             offer(*modelled)  # then the setting a model of the family's timings predicts fastest (surrogate.py)
         # A share of the proposals jumps anywhere in the space: one-step moves alone get stuck where the better
         # setting is several moves away and each move alone is slower (measured: rmsnorm, docs in EXPLORE_SHARE).

@@ -56,6 +56,10 @@ class OptimizeConfig:
     timing_budget_s: float = 1.0
     workers: int = 0  # evaluations in flight per device (0: pipeline.default_slots); measuring takes turns
     profile: bool = True  # Nsight Compute summary for new bests (GPU only), when the proposer reads it
+    # A run whose best passing candidate reaches this fraction of the roofline at the main shape (the GPU's measured
+    # bandwidth and FLOP ceilings for the task's bytes and FLOPs) finishes: what is left to find is within the
+    # noise of the ceilings themselves. None or 0: never. GPU only (the CPU measures no roofline).
+    stop_at_roofline: float | None = 0.95
 
     @classmethod
     def from_dict(cls, data: dict) -> OptimizeConfig:
@@ -75,6 +79,7 @@ class Summary:
     seed: dict | None
     usage: dict = field(default_factory=dict)
     proposers: list[dict] = field(default_factory=list)  # each proposer's yield (proposers/mix.py)
+    finished_because: str = ""  # when a run ends before its budget: near the roofline
 
 
 class Optimizer:
@@ -108,6 +113,7 @@ class Optimizer:
         self.state.setdefault("duplicates", 0)
         # One stream of choices per generation: a resumed run makes the same choices it would have made.
         self.rng = random.Random(config.seed)
+        self._known: tuple | None = None  # (environment, measured, where) of earlier runs: _known_elsewhere
         work_dir.mkdir(parents=True, exist_ok=True)
 
     # --- the loop ---
@@ -117,6 +123,7 @@ class Optimizer:
         if requeued:
             self.log(f"re-queued {requeued} candidate(s) left unfinished by an earlier session")
         self.store.update_run(self.run_id, status="running")
+        self.state.pop("finished_because", None)  # (a resumed run decides again, under its config of now)
         try:
             status = self._loop()
         finally:
@@ -303,6 +310,11 @@ class Optimizer:
             return "finished"
         if c.max_tokens is not None and tokens >= c.max_tokens:
             return "finished"
+        if c.stop_at_roofline and (near := _near_the_roofline(rows, c.stop_at_roofline)):
+            if not self.state.get("finished_because"):
+                self.log(near)
+            self.state["finished_because"] = near
+            return "finished"
         return "running"
 
     # --- evaluation ---
@@ -390,6 +402,7 @@ class Optimizer:
         for t in self.store.run_timings(self.run_id):
             timings.setdefault(t.evaluation_id, []).append(t)
         measured = self._measured(db, timings)
+        known = self._known_elsewhere(db)
         # Slot by slot, in order (so a seed gives the same choices): a proposer (the bandit's choice), then a parent
         # for it. One request per (proposer, parent) for as many proposals as slots chose them, so that a tuner's
         # proposals for one parent differ from each other.
@@ -405,7 +418,8 @@ class Optimizer:
             name, parent = choice
             virtual[name] = virtual.get(name, 0) + 1
             groups.setdefault((name, parent.candidate.id), (name, parent, []))[2].append(island)
-        asks = [(name, parent, islands, self._context(db, parent, measured, timings))
+        asks = [(name, parent, islands, replace(self._context(db, parent, measured, timings), known=known[0],
+                                                known_from=known[1]))
                 for name, parent, islands in groups.values()]
         answers: dict[int, list[Proposal]] = {}
         # Proposers that avoid seen sources (the tuner), in this process and fast: one parent after another, each
@@ -514,6 +528,34 @@ class Optimizer:
             history=[feedback(e) for e in db.failures()], backends=list(self.task.manifest.backends), device=device,
             measured=measured, shapes=[sh.describe() for sh in self.task.shapes(self._mode())])
 
+    def _known_elsewhere(self, db: SearchDatabase) -> tuple[list[Measured], str]:
+        """The passing candidates of this task's earlier runs, timed on what this run's evaluations run on (device,
+        GPU model, driver, size mode), and a description of where: read once the run's first verdict says what that
+        is, then kept (earlier runs do not change)."""
+        latest = next((e.evaluation for e in reversed(db.entries) if e.evaluation is not None), None)
+        if latest is None:
+            return [], ""
+        where = _environment(latest)
+        if self._known is not None and self._known[0] == where:
+            return self._known[1], self._known[2]
+        found, runs = [], []
+        for run in self.store.runs_of_task(self._task_id()):
+            if run.id == self.run_id:
+                continue
+            other = SearchDatabase(self.store.run_candidates(run.id), 1, {}, self.rng)
+            timings: dict[int, list] = {}
+            for t in self.store.run_timings(run.id):
+                timings.setdefault(t.evaluation_id, []).append(t)
+            mine = [m for m, e in zip(self._measured(other, timings), other.passed()) if _environment(e.evaluation)
+                    == where]
+            if mine:
+                found += mine
+                runs.append(str(run.id))
+        gpu, driver = where[1] or where[0], f" (driver {where[2]})" if where[2] else ""
+        described = f"run{'s' if len(runs) > 1 else ''} {', '.join(runs)} on {gpu}{driver}" if runs else ""
+        self._known = (where, found, described)
+        return found, described
+
     def _measured(self, db: SearchDatabase, timings: dict[int, list]) -> list[Measured]:
         """Each passing candidate's times per shape (for per-shape tuning), the shapes named by their first input."""
         measured = []
@@ -569,6 +611,7 @@ def summarize(store: Store, run_id: int, state: dict | None = None) -> Summary:
                    usage={"gpu_seconds": round(state.get("gpu_seconds", 0.0), 1),
                           "wall_seconds": round(state.get("elapsed_s", 0.0), 1), "llm_tokens": tokens,
                           "generations": state.get("generation", 0)},
+                   finished_because=state.get("finished_because", ""),
                    proposers=[y.as_dict() | {"line": mix.describe(y, device_seconds)}
                               for y in mix.run_yields(run.config, rows)])
 
@@ -596,6 +639,22 @@ class ProfileNewBests:
 
     def __call__(self, speedup: float | None) -> bool:
         return bool(speedup) and speedup > self.threshold()
+
+
+def _near_the_roofline(rows: list, threshold: float) -> str | None:
+    """Why the run can stop: a passing candidate at `threshold` of the roofline or more; None otherwise."""
+    for candidate, e in rows:
+        fraction = ((e.details or {}).get("evidence") or {}).get("roofline_fraction") if e is not None else None
+        if e is not None and e.verdict == "pass" and isinstance(fraction, (int, float)) and fraction >= threshold:
+            return (f"candidate c{candidate.id} runs at {fraction:.0%} of the roofline at the main shape (the run "
+                    f"stops at {threshold:.0%}: --stop-at-roofline): finishing")
+    return None
+
+
+def _environment(evaluation) -> tuple:
+    """What a time was measured on: timings compare only within the same device, GPU model, driver and size mode."""
+    env = evaluation.environment or {}
+    return evaluation.device, env.get("gpu"), env.get("driver"), evaluation.mode
 
 
 def _accepts(proposer, source: str) -> bool:

@@ -1,0 +1,74 @@
+"""The tuner's cache of settings, and a run that stops near the roofline. The cache: a second run of a task starts from the fastest settings the first found on the
+same GPU model, driver and size mode (read from the database: nothing to keep in sync), and not from times taken
+elsewhere. Real SQLite; verdicts replayed from the candidate's settings (what is under test is what is proposed)."""
+
+from __future__ import annotations
+
+import random
+
+from appliance.evaluation.pipeline import Outcome
+from appliance.proposers.tune import TuneProposer, current_values
+from appliance.search.loop import Optimizer
+from appliance.tasks import load_task
+from tests.proposers.test_mix import ReplayPipeline
+from tests.search.test_loop_faults import SOFTMAX, make_run
+
+
+class SettingsPipeline(ReplayPipeline):
+    """Fastest at MAX_BLOCK 16384 with 2 warps; reports the GPU it ran on."""
+
+    def __init__(self, gpu: str = "NVIDIA H200"):
+        self.gpu = gpu
+
+    def evaluate(self, task, path):
+        v = current_values(path.read_text())
+        speed = 1.0 + 0.2 * (v["MAX_BLOCK"] == 16384) + 0.1 * (v["NUM_WARPS"] == 2)
+        return Outcome(verdict="pass", stage="done", reason="", jailed=True, device="cuda", mode="full",
+                       speedup_vs_eager=speed, environment={"gpu": self.gpu, "driver": "570.1"},
+                       timings=[{"shape": "main", "implementation": "candidate", "device": "cuda",
+                                 "median_ms": 1.0 / speed}],
+                       details={"device_turns": {"held_s": 1.0},
+                                "evidence": {"roofline_fraction": round(0.7 * speed, 3)}})
+
+
+def tune_run(tmp_path, pipeline, max_candidates, stop_at_roofline=None):
+    store, run_id, cfg, _ = make_run(tmp_path, max_candidates=max_candidates, batch=2, islands=1,
+                                     stop_at_roofline=stop_at_roofline)
+    Optimizer(store, run_id, load_task(SOFTMAX), [pipeline], [TuneProposer(random.Random(run_id))], cfg,
+              tmp_path / "work").run()
+    return store, run_id
+
+
+def best_settings(store, run_id):
+    best, _ = max(((c, e) for c, e in store.run_candidates(run_id) if e is not None),
+                  key=lambda row: row[1].speedup_vs_eager)
+    return current_values(best.source)
+
+
+def test_a_second_run_starts_from_the_settings_the_first_found_on_the_same_gpu(tmp_path):
+    store, first = tune_run(tmp_path, SettingsPipeline(), max_candidates=24)
+    found = best_settings(store, first)
+    assert found["MAX_BLOCK"] == 16384 and found["NUM_WARPS"] == 2, found  # the first run had to search
+    store, second = tune_run(tmp_path, SettingsPipeline(), max_candidates=5)
+    cached = [c for c, _ in store.run_candidates(second) if c.note.startswith("cached: ")]
+    assert cached and cached[0].generation == 1, [(c.generation, c.note) for c, _ in store.run_candidates(second)]
+    assert f"run {first} on NVIDIA H200 (driver 570.1)" in cached[0].note
+    assert current_values(cached[0].source) == found
+
+
+def test_times_from_another_gpu_are_not_a_cache_for_this_one(tmp_path):
+    store, first = tune_run(tmp_path, SettingsPipeline("NVIDIA A100"), max_candidates=12)
+    store, second = tune_run(tmp_path, SettingsPipeline("NVIDIA H200"), max_candidates=5)
+    assert not [c for c, _ in store.run_candidates(second) if c.note.startswith("cached: ")]
+
+
+def test_a_run_that_reaches_the_roofline_finishes_before_its_budget_and_says_why(tmp_path):
+    """The best setting runs at 0.7 x 1.3 = 91% of the roofline here, the seed at 70%."""
+    from appliance.search.loop import summarize
+
+    store, run_id = tune_run(tmp_path, SettingsPipeline(), max_candidates=60, stop_at_roofline=0.9)
+    summary = summarize(store, run_id)
+    assert summary.status == "finished" and summary.evaluated < 60, summary
+    assert "91% of the roofline" in summary.finished_because and "--stop-at-roofline" in summary.finished_because
+    best = best_settings(store, run_id)
+    assert best["MAX_BLOCK"] == 16384 and best["NUM_WARPS"] == 2
