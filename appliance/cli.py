@@ -680,7 +680,8 @@ def _screens(config: OptimizeConfig, pipelines: list, unsafe: bool) -> list:
     from appliance import ray_executor
 
     s = state.settings
-    on_gpus = [p for p in pipelines if isinstance(p, ray_executor.RayPipeline) and p.jail.gpu is not None]
+    on_ray = s.executor not in ("local", "workers")  # (as _pipelines decides)
+    on_gpus = [p for p in pipelines if on_ray and p.gpu is not None]
     if parse_names(config.proposer) == ["tune"] or not on_gpus:
         return []
     try:

@@ -28,8 +28,8 @@ from pathlib import Path
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.compile_screen import SCREEN_TIMEOUT_S
 from appliance.evaluation.job_folders import JobFolder, remove_tree
-from appliance.evaluation.pipeline import (PROFILE_MIN_GAIN, EvalSettings, Outcome, Pipeline, RemoteJail,
-                                           default_slots, evaluate_sent)
+from appliance.evaluation.pipeline import (PROFILE_MIN_GAIN, EvalSettings, Outcome, Pipeline, default_slots,
+                                          evaluate_sent)
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 
@@ -117,12 +117,12 @@ def ray_pipelines(address: str, settings: EvalSettings, slots: int, unsafe: bool
 
 
 class RayPipeline:
-    """A `Pipeline` look-alike on the controller whose evaluations run in one Ray actor. Thread-safe: `slots` loop
+    """An Evaluator (evaluation/evaluator.py) on the controller whose evaluations run in one Ray actor. Thread-safe: `slots` loop
     threads call `evaluate` at once, and the actor runs their calls concurrently."""
 
     def __init__(self, actor, index: int, settings: EvalSettings, slots: int, unsafe: bool):
         self.actor, self.index, self.settings, self.slots = actor, index, settings, max(1, slots)
-        self.jail = RemoteJail(gpu=index if settings.device == "cuda" else None, unsafe_no_jail=unsafe)
+        self.gpu, self.unsafe_no_jail = (index if settings.device == "cuda" else None), unsafe
         # Set by the loop. The worker cannot ask it mid-evaluation: it gets the predicate's threshold (speedup vs
         # eager a passing candidate must beat to be profiled) with each evaluation, when it has one.
         self.profile_if = None

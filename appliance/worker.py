@@ -46,7 +46,7 @@ from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.job_folders import JobFolder
-from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, RemoteJail, evaluate_sent
+from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, evaluate_sent
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
@@ -557,13 +557,13 @@ class WorkerSupervisor:
 
 
 class WorkerPipeline:
-    """A `Pipeline` look-alike whose evaluations run in one worker process. Thread-safe: `slots` loop threads call
+    """An Evaluator (evaluation/evaluator.py) whose evaluations run in one worker process. Thread-safe: `slots` loop threads call
     `evaluate` at once, each over its own connection."""
 
     def __init__(self, supervisor: WorkerSupervisor, worker: _Worker, settings: EvalSettings, slots: int,
                  unsafe_no_jail: bool):
         self.supervisor, self.worker, self.settings, self.slots = supervisor, worker, settings, max(1, slots)
-        self.jail = RemoteJail(gpu=worker.gpu, unsafe_no_jail=unsafe_no_jail)
+        self.gpu, self.unsafe_no_jail = worker.gpu, unsafe_no_jail
         self.profile_if: Callable[[float | None], bool] | None = None  # set by the loop; asked by the worker
         # Paths are the worker's own (its APPLIANCE_HOME); everything else is the run's.
         self.fields = {k: v for k, v in dataclasses.asdict(settings).items()

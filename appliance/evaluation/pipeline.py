@@ -157,6 +157,7 @@ class Pipeline:
 
     def __init__(self, jail: Jail, settings: EvalSettings, slots: int = 1, host_memory: HostMemory | None = None):
         self.jail, self.settings, self.slots = jail, settings, max(1, slots)
+        self.gpu = jail.gpu  # (evaluation/evaluator.py: what the loop reads)
         # What a person watching one evaluation is told as it goes (`appliance eval` in a terminal): stage names.
         self.progress: Callable[[str], None] = lambda _stage: None
         meter = None
@@ -617,14 +618,6 @@ class Pipeline:
         if result["status"] == "task_error":
             raise TaskError(str(task.path), result["reason"], result.get("line"))
         return result
-
-
-@dataclass
-class RemoteJail:
-    """What the loop reads of a remote pipeline's jail (worker processes, Ray actors): the worker's GPU, or None."""
-
-    gpu: int | None
-    unsafe_no_jail: bool
 
 
 def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: str, display_path: str,

@@ -21,7 +21,8 @@ from typing import Callable
 from appliance.db import Store
 from appliance.db.models import Candidate
 from appliance.errors import InfrastructureError, TaskError
-from appliance.evaluation.pipeline import PROFILE_MIN_GAIN, Outcome, Pipeline
+from appliance.evaluation.evaluator import Evaluator
+from appliance.evaluation.pipeline import PROFILE_MIN_GAIN, Outcome
 from appliance.metrics import Metrics
 from appliance.proposers import mix
 from appliance.proposers.base import Example, Measured, PromptContext, Proposal
@@ -83,7 +84,7 @@ class Summary:
 
 
 class Optimizer:
-    def __init__(self, store: Store, run_id: int, task: Task, pipelines: list[Pipeline], proposers: list,
+    def __init__(self, store: Store, run_id: int, task: Task, pipelines: list[Evaluator], proposers: list,
                  config: OptimizeConfig, work_dir: Path, log: Callable[[str], None] = lambda _: None,
                  metrics: Metrics | None = None, should_stop: Callable[[], bool] = lambda: False,
                  screens: list | None = None, status: Callable[[str], None] | None = None):
@@ -103,7 +104,7 @@ class Optimizer:
             p.profile_if = ProfileNewBests(self, enabled=reads_profiles)
         if metrics:
             for p in pipelines:
-                metrics.worker_up(p.jail.gpu)
+                metrics.worker_up(p.gpu)
         run = store.get_run(run_id)
         self.state = dict(run.state or {})
         self.state.setdefault("generation", 0)
@@ -143,7 +144,7 @@ class Optimizer:
         queued, record each result as it comes."""
         started = time.monotonic()
         slots = [p for p in self.pipelines for _ in range(p.slots)]
-        in_flight: dict[Future, tuple[Candidate, Pipeline]] = {}
+        in_flight: dict[Future, tuple[Candidate, Evaluator]] = {}
         screen_slots = [s for s in self.screens for _ in range(s.slots)]
         screening: dict[Future, tuple[Candidate, object]] = {}
         cleared: set[int] = set()  # candidates the screens let through
@@ -256,11 +257,11 @@ class Optimizer:
             rejected = replace(rejected, mode=self.config.mode or rejected.mode)
         return rejected
 
-    def _prepare(self, pipeline: Pipeline) -> None:
+    def _prepare(self, pipeline: Evaluator) -> None:
         try:
             pipeline.prepare(self.task)
         except (TaskError, InfrastructureError) as e:
-            where = "the CPU" if pipeline.jail.gpu is None else f"GPU {pipeline.jail.gpu}"
+            where = "the CPU" if pipeline.gpu is None else f"GPU {pipeline.gpu}"
             self.log(f"preparing the task on {where} failed (the first evaluation there says why): {e}")
 
     def _room(self) -> int:
@@ -334,7 +335,7 @@ class Optimizer:
         path.write_text(candidate.source)
         return path
 
-    def _evaluate_one(self, candidate: Candidate, pipeline: Pipeline) -> Outcome | InfrastructureError:
+    def _evaluate_one(self, candidate: Candidate, pipeline: Evaluator) -> Outcome | InfrastructureError:
         path = self._candidate_file(candidate)
         try:
             return pipeline.evaluate(self.task, path)
@@ -356,13 +357,13 @@ class Optimizer:
             self.log(f"candidate c{candidate.id}: the worker failed ({error}); queued again")
             return None
         self.log(f"candidate c{candidate.id}: the worker failed again ({error}); recorded as an infrastructure failure")
-        device = "cpu" if self.pipelines[0].jail.gpu is None else "cuda"
+        device = "cpu" if self.pipelines[0].gpu is None else "cuda"
         return Outcome(verdict="infrastructure_failure", stage="load", reason=f"not the candidate's fault: {error}",
                        jailed=True, device=device, mode=self._mode(), details={"infrastructure_error": str(error)})
 
     def _mode(self) -> str:
         """The size mode the run's evaluations use."""
-        return self.config.mode or ("full" if self.pipelines[0].jail.gpu is not None else "small")
+        return self.config.mode or ("full" if self.pipelines[0].gpu is not None else "small")
 
     def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError, screened: bool = False) -> None:
         if isinstance(outcome, InfrastructureError):
@@ -521,7 +522,7 @@ class Optimizer:
             return feedback(e, timings.get(e.evaluation.id) if e.evaluation else None)
 
         inspirations = [Example(e.candidate.source, told(e), label) for label, e in db.inspirations(parent)]
-        device = "cuda" if self.pipelines[0].jail.gpu is not None else "cpu (Triton interpreter)"
+        device = "cuda" if self.pipelines[0].gpu is not None else "cpu (Triton interpreter)"
         return PromptContext(
             task_name=self.task.name, task_source=self.task.path.read_text(),
             parent=Example(parent.candidate.source, told(parent), "parent"), inspirations=inspirations,
@@ -621,7 +622,7 @@ def config_dict(config: OptimizeConfig) -> dict:
 
 
 class ProfileNewBests:
-    """Which passing candidates get an Nsight Compute profile (Pipeline.profile_if): those that beat the run's best
+    """Which passing candidates get an Nsight Compute profile (Evaluator.profile_if): those that beat the run's best
     speedup by PROFILE_MIN_GAIN, and none when the proposer does not read profiles (`reads_profiles`: the tuner).
     A profile holds the device exclusively ~10 s on the H200: on the H200 a tuner run that profiled its new bests spent
     about half its device time on profiles no one read. Remote workers (Ray) cannot read the database: they get
@@ -664,7 +665,7 @@ def _accepts(proposer, source: str) -> bool:
         return False
 
 
-def _free_slots(slots: list[Pipeline], busy: list[Pipeline]) -> list[Pipeline]:
+def _free_slots(slots: list[Evaluator], busy: list[Evaluator]) -> list[Evaluator]:
     """One pipeline per free slot, interleaved so that the least busy device gets the next evaluation."""
     order = []
     for p in dict.fromkeys(slots):  # each pipeline once, in order

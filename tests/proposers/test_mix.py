@@ -1,18 +1,18 @@
 """Several proposers in one run: the names, each proposer's yield from the run's rows, and the bandit that gives
-slots to the proposer with the best gain per second of cost. The loop runs on a real SQLite store with an evaluator
-that replays verdicts decided by the candidate's text (no jail: what is under test is who proposes)."""
+slots to the proposer with the best gain per second of cost. The loop runs on a real SQLite store with a
+ReplayEvaluator whose verdicts are decided by the candidate's text (no jail: what is under test is who proposes)."""
 
 from __future__ import annotations
 
 import itertools
 import math
 import random
-from types import SimpleNamespace
 
 import pytest
 
 from appliance.errors import ApplianceError
 from appliance.evaluation.pipeline import Outcome
+from appliance.evaluation.replay import ReplayEvaluator
 from appliance.proposers.base import Proposal, Traits
 from appliance.proposers.mix import PRIOR_GAIN, SECONDS_PER_TOKEN, Bandit, Yield, parse_names, yields
 from appliance.search.loop import Optimizer
@@ -79,21 +79,10 @@ def speed_of(source: str) -> float:
     return 1.1 ** source.count("STEP_")
 
 
-class ReplayPipeline:
-    """Evaluates by reading the candidate's text (speed_of); costs one CPU second a candidate."""
-
-    slots, profile_if = 2, None
-    jail = SimpleNamespace(gpu=None, unsafe_no_jail=False)
-
-    def prepare(self, task):
-        pass
-
-    def close(self):
-        pass
-
-    def evaluate(self, task, path):
-        return Outcome(verdict="pass", stage="done", reason="", jailed=True, device="cpu", mode="small",
-                       speedup_vs_eager=speed_of(path.read_text()), details={"wall_s": {"server": 1.0}})
+def replayed(source: str) -> Outcome:
+    """The verdict read off the candidate's text (speed_of); one CPU second a candidate."""
+    return Outcome(verdict="pass", stage="done", reason="", jailed=True, device="cpu", mode="small",
+                   speedup_vs_eager=speed_of(source), details={"wall_s": {"server": 1.0}})
 
 
 # A kernel the tuner has nothing to move in: no TUNABLES and no Triton launch (the evaluator here reads only lines).
@@ -122,7 +111,7 @@ class Appender:
 
 def run(tmp_path, proposers, max_candidates):
     store, run_id, cfg, _ = make_run(tmp_path, max_candidates=max_candidates, batch=2)
-    summary = Optimizer(store, run_id, load_task(SOFTMAX), [ReplayPipeline()], proposers, cfg,
+    summary = Optimizer(store, run_id, load_task(SOFTMAX), [ReplayEvaluator(decide=replayed)], proposers, cfg,
                         tmp_path / "work").run()
     return store, run_id, summary
 

@@ -347,7 +347,7 @@ def test_with_slow_screens_the_loop_neither_overshoots_its_budget_nor_piles_up_p
 
     class QuickPipeline:
         slots, profile_if = 4, None
-        jail = SimpleNamespace(gpu=None, unsafe_no_jail=False)
+        gpu = None
 
         def prepare(self, task):
             pass

@@ -6,29 +6,30 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from appliance.evaluation.pipeline import Outcome
+from appliance.evaluation.replay import ReplayEvaluator
 from appliance.proposers.tune import TuneProposer, current_values
 from appliance.search.loop import Optimizer
 from appliance.tasks import load_task
-from tests.proposers.test_mix import ReplayPipeline
 from tests.search.test_loop_faults import SOFTMAX, make_run
 
 
-class SettingsPipeline(ReplayPipeline):
+def settings_evaluator(gpu: str = "NVIDIA H200") -> ReplayEvaluator:
     """Fastest at MAX_BLOCK 16384 with 2 warps; reports the GPU it ran on."""
 
-    def __init__(self, gpu: str = "NVIDIA H200"):
-        self.gpu = gpu
-
-    def evaluate(self, task, path):
-        v = current_values(path.read_text())
+    def decide(source: str) -> Outcome:
+        v = current_values(source)
         speed = 1.0 + 0.2 * (v["MAX_BLOCK"] == 16384) + 0.1 * (v["NUM_WARPS"] == 2)
         return Outcome(verdict="pass", stage="done", reason="", jailed=True, device="cuda", mode="full",
-                       speedup_vs_eager=speed, environment={"gpu": self.gpu, "driver": "570.1"},
+                       speedup_vs_eager=speed, environment={"gpu": gpu, "driver": "570.1"},
                        timings=[{"shape": "main", "implementation": "candidate", "device": "cuda",
                                  "median_ms": 1.0 / speed}],
                        details={"device_turns": {"held_s": 1.0},
                                 "evidence": {"roofline_fraction": round(0.7 * speed, 3)}})
+
+    return ReplayEvaluator(decide=decide, gpu=0)
 
 
 def tune_run(tmp_path, pipeline, max_candidates, stop_at_roofline=None):
@@ -46,10 +47,10 @@ def best_settings(store, run_id):
 
 
 def test_a_second_run_starts_from_the_settings_the_first_found_on_the_same_gpu(tmp_path):
-    store, first = tune_run(tmp_path, SettingsPipeline(), max_candidates=24)
+    store, first = tune_run(tmp_path, settings_evaluator(), max_candidates=24)
     found = best_settings(store, first)
     assert found["MAX_BLOCK"] == 16384 and found["NUM_WARPS"] == 2, found  # the first run had to search
-    store, second = tune_run(tmp_path, SettingsPipeline(), max_candidates=5)
+    store, second = tune_run(tmp_path, settings_evaluator(), max_candidates=5)
     cached = [c for c, _ in store.run_candidates(second) if c.note.startswith("cached: ")]
     assert cached and cached[0].generation == 1, [(c.generation, c.note) for c, _ in store.run_candidates(second)]
     assert f"run {first} on NVIDIA H200 (driver 570.1)" in cached[0].note
@@ -57,8 +58,8 @@ def test_a_second_run_starts_from_the_settings_the_first_found_on_the_same_gpu(t
 
 
 def test_times_from_another_gpu_are_not_a_cache_for_this_one(tmp_path):
-    store, first = tune_run(tmp_path, SettingsPipeline("NVIDIA A100"), max_candidates=12)
-    store, second = tune_run(tmp_path, SettingsPipeline("NVIDIA H200"), max_candidates=5)
+    store, first = tune_run(tmp_path, settings_evaluator("NVIDIA A100"), max_candidates=12)
+    store, second = tune_run(tmp_path, settings_evaluator("NVIDIA H200"), max_candidates=5)
     assert not [c for c, _ in store.run_candidates(second) if c.note.startswith("cached: ")]
 
 
@@ -66,9 +67,25 @@ def test_a_run_that_reaches_the_roofline_finishes_before_its_budget_and_says_why
     """The best setting runs at 0.7 x 1.3 = 91% of the roofline here, the seed at 70%."""
     from appliance.search.loop import summarize
 
-    store, run_id = tune_run(tmp_path, SettingsPipeline(), max_candidates=60, stop_at_roofline=0.9)
+    store, run_id = tune_run(tmp_path, settings_evaluator(), max_candidates=60, stop_at_roofline=0.9)
     summary = summarize(store, run_id)
     assert summary.status == "finished" and summary.evaluated < 60, summary
     assert "91% of the roofline" in summary.finished_because and "--stop-at-roofline" in summary.finished_because
     best = best_settings(store, run_id)
     assert best["MAX_BLOCK"] == 16384 and best["NUM_WARPS"] == 2
+
+
+def test_a_stored_run_replays_as_an_evaluator_of_its_recorded_outcomes(tmp_path):
+    """ReplayEvaluator.from_run: each candidate's verdict, speedups, timings and evidence, found by its source."""
+    store, first = tune_run(tmp_path, settings_evaluator(), max_candidates=4)
+    replay = ReplayEvaluator.from_run(store, first)
+    for c, e in [(c, e) for c, e in store.run_candidates(first) if e is not None]:
+        path = tmp_path / f"c{c.id}.py"
+        path.write_text(c.source + "\n# a comment changes nothing: sources are normalised\n")
+        outcome = replay.evaluate(None, path)
+        assert (outcome.verdict, outcome.speedup_vs_eager, outcome.environment["gpu"]) == \
+            (e.verdict, e.speedup_vs_eager, "NVIDIA H200")
+        assert outcome.timings[0]["median_ms"] == 1.0 / e.speedup_vs_eager
+    (tmp_path / "new.py").write_text("x = 1\n")
+    with pytest.raises(KeyError, match="no recorded outcome"):
+        replay.evaluate(None, tmp_path / "new.py")
