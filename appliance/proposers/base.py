@@ -3,6 +3,7 @@ with `failure` set, so the run records it and carries on."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -41,6 +42,9 @@ class PromptContext:
     # settings (a rerun starts from the best known instead of searching again).
     known: list[Measured] = field(default_factory=list)
     known_from: str = ""  # where they were timed, for the proposal's note: "runs 3, 5 on NVIDIA H200 (driver 570)"
+    # The random choices of this request, drawn from the run's seed, generation and parent: a resumed run (a new
+    # process, new proposers) makes the same choices an uninterrupted one would. None: the proposer's own.
+    rng: random.Random | None = None
 
 
 @dataclass

@@ -347,19 +347,20 @@ class TuneProposer:
             offer(*modelled)  # then the setting a model of the family's timings predicts fastest (surrogate.py)
         # A share of the proposals jumps anywhere in the space: one-step moves alone get stuck where the better
         # setting is several moves away and each move alone is slower (measured: rmsnorm, docs in EXPLORE_SHARE).
-        jumps = sum(self.rng.random() < self.explore for _ in range(n)) if self.explore else 0
+        rng = ctx.rng or self.rng
+        jumps = sum(rng.random() < self.explore for _ in range(n)) if self.explore else 0
         wanted = len(proposals) + jumps
-        for values in itertools.islice(self._combinations(tunables, current, jumps), jumps * MAX_DRAWS_PER_PROPOSAL):
+        for values in itertools.islice(self._combinations(tunables, current, jumps, rng), jumps * MAX_DRAWS_PER_PROPOSAL):
             if len(proposals) >= wanted:
                 break
             offer(with_values(parent, values), _note(values, current, tunables))
         moves = [(name, v) for name, values in tunables.items() for v in neighbours(values, current[name])]
-        self.rng.shuffle(moves)
+        rng.shuffle(moves)
         for name, value in moves:
             if len(proposals) >= n:
                 return proposals
             offer(with_values(parent, {name: value}), _note({name: value}, current, tunables))
-        for values in self._combinations(tunables, current, n - len(proposals)):
+        for values in self._combinations(tunables, current, n - len(proposals), rng):
             if len(proposals) >= n:
                 break
             offer(with_values(parent, values), _note(values, current, tunables))
@@ -368,17 +369,17 @@ class TuneProposer:
         return [self._failure(f"tune_exhausted: {_exhausted_text(tunables, len(moves), n)} of "
                               f"{', '.join(tunables)} has been evaluated already", "exhausted")]
 
-    def _combinations(self, tunables: dict[str, list], current: dict[str, object], wanted: int):
+    def _combinations(self, tunables: dict[str, list], current: dict[str, object], wanted: int, rng: random.Random):
         """Settings that change at least one tunable: all of them in a random order when the space is small,
         otherwise a bounded number of random draws."""
         names = list(tunables)
         size = math.prod(len(v) for v in tunables.values())
         if size <= MAX_ENUMERATED:
             combos = list(itertools.product(*tunables.values()))
-            self.rng.shuffle(combos)
+            rng.shuffle(combos)
         else:
             draws = max(wanted, 1) * MAX_DRAWS_PER_PROPOSAL
-            combos = (tuple(self.rng.choice(tunables[name]) for name in names) for _ in range(draws))
+            combos = (tuple(rng.choice(tunables[name]) for name in names) for _ in range(draws))
         for combo in combos:
             changed = {name: v for name, v in zip(names, combo) if not _same(v, current[name])}
             if changed:

@@ -419,8 +419,9 @@ class Optimizer:
             name, parent = choice
             virtual[name] = virtual.get(name, 0) + 1
             groups.setdefault((name, parent.candidate.id), (name, parent, []))[2].append(island)
-        asks = [(name, parent, islands, replace(self._context(db, parent, measured, timings), known=known[0],
-                                                known_from=known[1]))
+        asks = [(name, parent, islands, replace(
+                    self._context(db, parent, measured, timings), known=known[0], known_from=known[1],
+                    rng=random.Random(f"{self.config.seed}-{generation}-{name}-{parent.candidate.id}")))
                 for name, parent, islands in groups.values()]
         answers: dict[int, list[Proposal]] = {}
         # Proposers that avoid seen sources (the tuner), in this process and fast: one parent after another, each
