@@ -161,15 +161,18 @@ class Optimizer:
                 pool.submit(self._prepare, pipeline)
             try:
                 while True:
-                    status = self._external_status() or self._budget_status()
+                    # One snapshot of the run a tick: its status and budgets (which the TUI may change) and rows.
+                    run, rows = self.store.get_run(self.run_id), self.store.run_candidates(self.run_id)
+                    status = (run.status if run.status in ("paused", "stopped") else None) or \
+                        self._budget_status(run, rows)
                     if status == "running" and self.should_stop():
                         status = "queued"  # the controller is shutting down: the run goes back to its queue
                     if status != "running":
                         break
-                    queued = [c for c, _ in self.store.run_candidates(self.run_id) if c.status == "queued"]
+                    queued = [c for c, _ in rows if c.status == "queued"]
                     if self.metrics:
                         self.metrics.queue_depth.set(len(queued))
-                    room = self._room() - len(in_flight)
+                    room = self._room(rows) - len(in_flight)
                     ready = self._screen_queued(queued, screening, cleared, screen_slots, screen_pool, room)
                     free = _free_slots(slots, [p for _, p in in_flight.values()])
                     starting = list(zip(ready[:max(room, 0)], free))
@@ -264,10 +267,9 @@ class Optimizer:
             where = "the CPU" if pipeline.gpu is None else f"GPU {pipeline.gpu}"
             self.log(f"preparing the task on {where} failed (the first evaluation there says why): {e}")
 
-    def _room(self) -> int:
+    def _room(self, rows: list) -> int:
         """Evaluations the candidate budget still allows."""
-        evaluated = sum(1 for _, e in self.store.run_candidates(self.run_id) if e is not None)
-        return self.config.max_candidates - evaluated
+        return self.config.max_candidates - sum(1 for _, e in rows if e is not None)
 
     def _has_parent(self) -> bool:
         """Whether proposals can be made while evaluations are in flight: something passed, or the tuner may build on
@@ -275,10 +277,6 @@ class Optimizer:
         db = self._database()
         return db.best() is not None or any(p.traits.starts_on_pending_seed and self._starting_point(db, p) is not None
                                             for p in self.proposers.values())
-
-    def _external_status(self) -> str | None:
-        status = self.store.get_run(self.run_id).status
-        return status if status in ("paused", "stopped") else None
 
     def _status_line(self, recorded: int, in_flight: int) -> str:
         c = self.config
@@ -294,13 +292,12 @@ class Optimizer:
         return (f"run {self.run_id}: {recorded} evaluated in this session, {in_flight} in flight, best {shown}; "
                 f"left: {', '.join(left)}")
 
-    def _budget_status(self) -> str:
+    def _budget_status(self, run, rows: list) -> str:
         # Budgets are read from the database each time: the TUI (or anyone) may change them while the run goes on.
-        stored = OptimizeConfig.from_dict(self.store.get_run(self.run_id).config or {})
+        stored = OptimizeConfig.from_dict(run.config or {})
         c = self.config
         for name in BUDGETS:
             setattr(c, name, getattr(stored, name))
-        rows = self.store.run_candidates(self.run_id)
         evaluated = sum(1 for cand, e in rows if e is not None)
         tokens = sum(cand.tokens_in + cand.tokens_out for cand, _ in rows)
         if evaluated >= c.max_candidates:
