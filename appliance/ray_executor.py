@@ -21,15 +21,14 @@ import dataclasses
 import os
 import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.compile_screen import SCREEN_TIMEOUT_S
 from appliance.evaluation.job_folders import JobFolder, remove_tree
-from appliance.evaluation.pipeline import (PROFILE_MIN_GAIN, EvalSettings, Outcome, Pipeline, default_slots,
-                                          evaluate_sent)
+from appliance.evaluation.pipeline import (EvalSettings, Outcome, Pipeline, SentThreshold, default_slots,
+                                          evaluate_sent, sent_threshold)
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 
@@ -123,7 +122,7 @@ class RayPipeline:
     def __init__(self, actor, index: int, settings: EvalSettings, slots: int, unsafe: bool):
         self.actor, self.index, self.settings, self.slots = actor, index, settings, max(1, slots)
         self.gpu, self.unsafe_no_jail = (index if settings.device == "cuda" else None), unsafe
-        # Set by the loop. The worker cannot ask it mid-evaluation: it gets the predicate's threshold (speedup vs
+        # Set by the loop. The actor cannot ask it mid-evaluation: it gets the predicate's threshold (speedup vs
         # eager a passing candidate must beat to be profiled) with each evaluation, when it has one.
         self.profile_if = None
         self.placement_timeout_s = float(os.environ.get("APPLIANCE_RAY_PLACEMENT_TIMEOUT", "300"))
@@ -138,9 +137,8 @@ class RayPipeline:
         files = task_files(task)
         try:
             self._wait_until_placed()
-            threshold = getattr(self.profile_if, "threshold", None)
             result = ray.get(self.actor.evaluate.remote(files, candidate_path.read_text(errors="replace"),
-                                                        str(candidate_path), threshold() if threshold else None))
+                                                        str(candidate_path), sent_threshold(self.profile_if)))
         except RayTaskError:
             raise  # a bug of ours on the worker: as loud as it would be in a local pipeline
         except GetTimeoutError:
@@ -207,11 +205,7 @@ class EvaluationWorker:
         local = dataclasses.replace(settings, jobs_dir=host.jobs_dir, state_dir=home,
                                     host_memory_bytes=host.host_memory_bytes)
         self.pipeline = Pipeline(host.jail(gpu, unsafe), local, slots)  # this host's jail limits
-        self.pipeline.profile_if = self._profile_if
-        self.local = threading.local()  # the profile threshold of the evaluation this thread runs
-        # The threshold left the controller with the evaluation, tens of seconds before it is used: meanwhile other
-        # evaluations here may have beaten it. Profiling each of those would hold the device ~10 s apiece.
-        self.best_profiled, self.profile_lock = 0.0, threading.Lock()
+        self.profile_if = self.pipeline.profile_if = SentThreshold()
         self.host = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
         self.folder = JobFolder(local.jobs_dir)  # the sources sent here (the pipeline has a folder of its own)
         self.dir = self.folder.path
@@ -233,7 +227,7 @@ class EvaluationWorker:
 
     def evaluate(self, files: dict, source: str, display_path: str, profile_above: float | None = None
                  ) -> Outcome | dict:
-        self.local.profile_above = profile_above
+        self.profile_if.set(profile_above)
         try:
             outcome = evaluate_sent(self.pipeline, self.tasks, files, source, display_path, self.dir)
         except TaskError as e:
@@ -242,18 +236,6 @@ class EvaluationWorker:
             return {"infrastructure_error": str(e), "host": self.host}
         outcome.details["host"] = self.host
         return outcome
-
-    def _profile_if(self, speedup: float | None) -> bool:
-        """Pipeline.profile_if in the actor: the controller's threshold, sent with the evaluation, and a margin over
-        what this worker profiled since (the controller's threshold may be stale)."""
-        above = getattr(self.local, "profile_above", None)
-        if above is None:
-            return True
-        with self.profile_lock:
-            if speedup is None or speedup <= max(above, PROFILE_MIN_GAIN * self.best_profiled):
-                return False
-            self.best_profiled = speedup
-            return True
 
     def prepare(self, files: dict) -> None:
         try:

@@ -11,8 +11,8 @@ settings travel with every request because the controller decides them per run, 
 systemd worker outlives controllers). The worker keeps one `Pipeline` per distinct settings, all sharing one set of
 device turns, so evaluations of two runs on one GPU still never overlap a measurement; at most `--slots` evaluations
 run at once and more wait their turn. The reply is the `Outcome`, or our own errors as values (TaskError,
-InfrastructureError); while it runs the worker may ask the client whether to profile (the search's decision reads
-the database, which stays with the controller). Jail or no jail is the worker's own setting, never a request's.
+InfrastructureError). Whether to profile a passing candidate is the search's decision, which reads the database (it
+stays with the controller): the request carries its threshold (`profile_above`, pipeline.SentThreshold). Jail or no jail is the worker's own setting, never a request's.
 
 Clients: `WorkerSupervisor.pipelines()` gives one `WorkerPipeline` per GPU, a `Pipeline` look-alike (as
 appliance/ray_executor.py's `RayPipeline`). A worker already answering on a GPU's socket (systemd's
@@ -46,7 +46,7 @@ from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.job_folders import JobFolder
-from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, evaluate_sent
+from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, SentThreshold, evaluate_sent, sent_threshold
 from appliance.tasks import RebuiltTasks, Task, task_files
 
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
@@ -122,7 +122,7 @@ class WorkerServer:
         self.gate = None  # the device's turns, shared by every pipeline of this worker
         self.host_memory = None  # and the host memory its evaluations may hold
         self.tasks: RebuiltTasks | None = None  # set with self.dir, in serve()
-        self.local = threading.local()  # the connection whose evaluation runs in this thread (profile questions)
+        self.profile_if = SentThreshold()  # every pipeline here: the threshold each request brings
         self.idle = threading.Condition()
         self.in_flight = 0
         self.stopping = False  # set (under self.idle) once the worker stops taking work
@@ -223,7 +223,7 @@ class WorkerServer:
             key = None
             try:
                 key, pipeline = self._acquire(request["settings"])
-                self.local.conn, self.local.ask = conn, request.get("ask_profile", False)
+                self.profile_if.set(request.get("profile_above"))
                 outcome = evaluate_sent(pipeline, self.tasks, request["task"], request["source"], request["path"],
                                         self.dir)
             except TaskError as e:
@@ -234,7 +234,6 @@ class WorkerServer:
                 self.log(f"evaluation failed:\n{traceback.format_exc()}")
                 return {"bug": traceback.format_exc()}
             finally:
-                self.local.conn = None
                 self._finished(key)
         outcome.details |= {"host": self.host, "worker_pid": os.getpid()}
         return {"outcome": outcome}
@@ -285,7 +284,7 @@ class WorkerServer:
                     self.gate, self.host_memory = pipeline.gate, pipeline.host_memory
                 pipeline.gate = self.gate  # one device, one set of turns: no run measures over another's work
                 pipeline.host_memory = self.host_memory
-                pipeline.profile_if = self._profile_if
+                pipeline.profile_if = self.profile_if
                 self.pipelines[key] = pipeline
                 idle = [k for k in self.pipelines if k != key and not self.users[k]]  # oldest first
                 for old in idle[:max(0, len(self.pipelines) - KEPT_PIPELINES)]:
@@ -299,17 +298,6 @@ class WorkerServer:
         with self.lock:
             if key in self.pipelines and not self.users[key]:
                 self.pipelines.pop(key).close()
-
-    def _profile_if(self, speedup: float | None) -> bool:
-        """Pipeline.profile_if, asked of the client whose evaluation this thread runs."""
-        conn = getattr(self.local, "conn", None)
-        if conn is None or not self.local.ask:
-            return True  # the client has no opinion: profile as its settings say
-        try:
-            conn.send({"ask": "profile", "speedup": speedup})
-            return bool(conn.recv())
-        except (EOFError, OSError):
-            return False  # the client is gone; its evaluation finishes for nobody
 
 
 def claim_socket(path: Path, key: bytes, log: Callable[[str], None] = lambda _: None) -> None:
@@ -564,7 +552,7 @@ class WorkerPipeline:
                  unsafe_no_jail: bool):
         self.supervisor, self.worker, self.settings, self.slots = supervisor, worker, settings, max(1, slots)
         self.gpu, self.unsafe_no_jail = worker.gpu, unsafe_no_jail
-        self.profile_if: Callable[[float | None], bool] | None = None  # set by the loop; asked by the worker
+        self.profile_if: Callable[[float | None], bool] | None = None  # set by the loop; its threshold is sent
         # Paths are the worker's own (its APPLIANCE_HOME); everything else is the run's.
         self.fields = {k: v for k, v in dataclasses.asdict(settings).items()
                        if k not in ("jobs_dir", "state_dir", "host_memory_bytes")}  # the worker's host decides these
@@ -573,7 +561,7 @@ class WorkerPipeline:
         candidate_path = Path(candidate_path)
         if not candidate_path.is_file():
             raise TaskError(str(candidate_path), "no such candidate file")
-        request = {"op": "evaluate", "settings": self.fields, "ask_profile": self.profile_if is not None,
+        request = {"op": "evaluate", "settings": self.fields, "profile_above": sent_threshold(self.profile_if),
                    "task": task_files(task), "source": candidate_path.read_text(errors="replace"),
                    "path": str(candidate_path)}
         conn = self._connect()
@@ -581,13 +569,9 @@ class WorkerPipeline:
             conn.send(request)
             # Bounded: a worker wedged but alive (stopped, stuck in the driver) must not hold the run forever.
             limit = self.settings.candidate_timeout_s + 3 * self.settings.reference_timeout_s + 600
-            while True:
-                if not conn.poll(limit):
-                    raise InfrastructureError(f"{self.worker.describe()} gave no answer within {limit:.0f} s")
-                reply = conn.recv()
-                if "ask" not in reply:
-                    break
-                conn.send(bool(self.profile_if is None or self.profile_if(reply["speedup"])))
+            if not conn.poll(limit):
+                raise InfrastructureError(f"{self.worker.describe()} gave no answer within {limit:.0f} s")
+            reply = conn.recv()
         except (EOFError, OSError):
             again = "it is started again" if self.worker.proc else f"systemd starts {self.worker.unit} again"
             raise InfrastructureError(f"{self.worker.describe()} died mid-evaluation{self._exit()}; {again}") from None

@@ -121,6 +121,38 @@ SERVER_GRACE_S = 10.0  # a kernel server told to exit gets this long before it i
 PROFILE_MIN_GAIN = 1.03  # a passing candidate is profiled (Nsight Compute) when it beats the run's best by 3%
 
 
+class SentThreshold:
+    """Pipeline.profile_if where the search's database is out of reach (a worker process, a Ray actor): the
+    controller sends, with each evaluation, the speedup vs eager a passing candidate must beat to be profiled
+    (loop.ProfileNewBests.threshold; infinite when its proposers read no profiles; None when it has no opinion, so
+    the settings decide). That threshold left the controller tens of seconds before it is used, and other
+    evaluations here may have beaten it meanwhile: each of those would hold the device ~10 s for a profile, so the
+    bar is also PROFILE_MIN_GAIN over the best this worker profiled since."""
+
+    def __init__(self):
+        self.local = threading.local()  # the threshold of the evaluation this thread runs
+        self.best_profiled, self.lock = 0.0, threading.Lock()
+
+    def set(self, above: float | None) -> None:
+        self.local.above = above
+
+    def __call__(self, speedup: float | None) -> bool:
+        above = getattr(self.local, "above", None)
+        if above is None:
+            return True
+        with self.lock:
+            if speedup is None or speedup <= max(above, PROFILE_MIN_GAIN * self.best_profiled):
+                return False
+            self.best_profiled = speedup
+            return True
+
+
+def sent_threshold(profile_if) -> float | None:
+    """What a client sends with an evaluation: its predicate's threshold (loop.ProfileNewBests), or None."""
+    threshold = getattr(profile_if, "threshold", None)
+    return threshold() if threshold else None
+
+
 def default_slots(gpus: int, cores: int | None = None) -> int:
     """Evaluations in flight per device when the user does not say, on a host with `gpus` evaluation GPUs and
     `cores` CPU cores (default: this host's). On a GPU, most of an evaluation is CPU work (processes, imports, files)

@@ -208,25 +208,24 @@ def test_a_run_whose_proposer_reads_no_profiles_profiles_nothing_and_tells_remot
     assert pipeline.profile_if.threshold() == float("inf") and not pipeline.profile_if(1e6)
 
 
-def test_a_ray_worker_does_not_profile_what_its_own_earlier_profiles_already_beat():
-    """The threshold travels with the evaluation and may be stale when it is used: the worker also asks for a
-    margin over what it profiled since."""
-    import threading
-    from types import SimpleNamespace
-
-    from appliance.ray_executor import EvaluationWorker
+def test_a_remote_worker_does_not_profile_what_its_own_earlier_profiles_already_beat():
+    """Worker processes and Ray actors get the threshold with the evaluation (pipeline.SentThreshold), and it may be
+    stale when it is used: they also ask for a margin over what they profiled since."""
+    from appliance.evaluation.pipeline import SentThreshold
     from appliance.search.loop import PROFILE_MIN_GAIN
 
-    worker = SimpleNamespace(local=threading.local(), best_profiled=0.0, profile_lock=threading.Lock())
-    decide = lambda speedup, above: (setattr(worker.local, "profile_above", above),  # noqa: E731
-                                     EvaluationWorker._profile_if(worker, speedup))[1]
+    profile_if = SentThreshold()
+
+    def decide(speedup, above):
+        profile_if.set(above)
+        return profile_if(speedup)
+
     assert decide(2.0, 1.5)  # beats the controller's threshold
     assert not decide(2.0 * (PROFILE_MIN_GAIN - 0.01), 1.5)  # ... and so did the first, by too little since
     assert decide(2.0 * (PROFILE_MIN_GAIN + 0.01), 1.5)
     assert not decide(10.0, float("inf"))  # the controller's proposer reads no profiles
     assert not decide(None, 0.0)
-    worker.local.profile_above = None  # sent without a threshold (a plain evaluation): profile as asked
-    assert EvaluationWorker._profile_if(worker, None)
+    assert decide(None, None)  # sent without a threshold (a plain evaluation): profile as the settings say
 
 
 def test_the_tuner_asked_for_two_parents_in_one_generation_does_not_propose_the_same_source_twice(tmp_path):
