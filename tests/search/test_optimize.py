@@ -151,12 +151,12 @@ def test_a_run_mixes_the_tuner_and_two_served_models_and_reports_each_ones_yield
     for profile, served in (("fast", "smollm2-135m"), ("deep", "smollm2-135m-deep")):
         (tmp_path / f"{profile}.toml").write_text(
             f'description = "the test model as {served}"\nweights_dir = "{tmp_path}"\nserved_name = "{served}"\n'
-            f'device = "cpu"\nport = {host_port.split(":")[1]}\nmax_tokens = 256\n')
+            f'device = "cpu"\nport = {host_port.split(":")[1]}\nmax_tokens = 64\n')  # (replies are cut: fast)
     monkeypatch.setenv("APPLIANCE_MODEL_PROFILES", str(tmp_path))
     monkeypatch.delenv("APPLIANCE_LLM_URL", raising=False)
     code, summary = optimize(appliance, str(REPO / "tests/fixtures/tasks/rowsoftmax.py"), "--from",
                              str(REPO / "tests/fixtures/candidates/shape_tuned.py"), "--proposer",
-                             "tune,llm:fast,llm:deep", "--max-candidates", "4", "--max-tokens", "40000")
+                             "tune,llm:fast,llm:deep", "--max-candidates", "3", "--max-tokens", "40000")
     assert code == 0, summary
     proposed = {p for (p,) in rows(home, "SELECT DISTINCT proposer FROM candidate")}
     assert {"tune", "llm:fast", "llm:deep"} <= proposed, proposed  # each arm tried
