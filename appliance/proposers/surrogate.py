@@ -21,6 +21,8 @@ import numpy as np
 MIN_POINTS = 4  # timed members of a family before the model is trusted to rank settings
 RIDGE = 0.3  # in units of one observation: a value seen once keeps about 3/4 of its apparent effect
 MAX_DEVIATIONS = 2  # the predicted-fastest settings are searched among those within two changes of the optimum
+MAX_OPTIONS = 20_000  # ... or one change, where two would mean more settings than this to rank (huge TUNABLES)
+MAX_COLUMNS = 2_000  # values over all tunables past which no model is fit (the regression's size grows with it)
 
 
 @dataclass
@@ -43,8 +45,10 @@ class Model:
         ranked = {name: sorted(range(len(self.values[name])), key=lambda i: self.effect[name].get(i, 0.0))
                   for name in self.names}
         best = {name: ranked[name][0] for name in self.names}
+        pairs = sum((len(self.values[a]) - 1) * (len(self.values[b]) - 1)
+                    for a, b in itertools.combinations(self.names, 2))
         options = []
-        for k in range(MAX_DEVIATIONS + 1):
+        for k in range(MAX_DEVIATIONS + 1 if pairs <= MAX_OPTIONS else 2):
             for changed in itertools.combinations(self.names, k):
                 for alternatives in itertools.product(*(ranked[n][1:] for n in changed)):
                     choice = best | dict(zip(changed, alternatives))
@@ -65,7 +69,7 @@ def fit(points: list[tuple[dict, float]], tunables: dict[str, list]) -> Model | 
     names = list(tunables)
     usable = [(s, ms) for s, ms in points if ms and ms > 0 and all(_index(tunables[n], s.get(n)) is not None
                                                                  for n in names)]
-    if len(usable) < MIN_POINTS or not names:
+    if len(usable) < MIN_POINTS or not names or sum(len(tunables[n]) for n in names) > MAX_COLUMNS:
         return None
     columns = [(n, i) for n in names for i in range(len(tunables[n]))]
     x = np.zeros((len(usable), len(columns)))

@@ -64,3 +64,16 @@ def test_the_tuner_proposes_the_models_pick_once_the_family_has_enough_timed_mem
     # Too few timed members: no model yet, the usual moves.
     ctx.measured = ctx.measured[:MIN_POINTS - 1]
     assert not any(p.note.startswith("model") for p in tuner.propose(ctx, 2, seen=set()))
+
+
+def test_huge_declared_spaces_cost_bounded_work():
+    """TUNABLES come from candidates (an LLM's): a declaration of thousands of values must not stall the tuner."""
+    import time
+
+    wide = {f"T{i}": list(range(150)) for i in range(12)}  # 1,800 values, 3.5 million settings two changes away
+    points = [({n: (i * 7 + j) % 150 for j, n in enumerate(wide)}, 1.0 + i / 10) for i in range(6)]
+    started = time.monotonic()
+    model = fit(points, wide)
+    (found, _), = model.fastest(exclude=set())
+    assert found and time.monotonic() - started < 20
+    assert fit(points, {f"T{i}": list(range(400)) for i in range(6)}) is None  # past MAX_COLUMNS: no model
