@@ -24,7 +24,7 @@ from appliance.evaluation.host_memory import HostMemory
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
 from appliance.model_cli import model_app
 from appliance.search.loop import OptimizeConfig, Summary
-from appliance.proposers.mix import parse_names, uses_llm
+from appliance.proposers.mix import build as build_proposers, parse_names, uses_llm
 from appliance.evaluation.timings import CPU_TIMING_NOTE
 from appliance.tasks import load_task, reference_seed
 
@@ -720,36 +720,7 @@ def _compile_seed(task, device: str, mode: Optional[str], gpus: Optional[str], u
 
 def _proposers(config: OptimizeConfig) -> list:
     """The run's proposers, by the names in config.proposer (proposers/mix.py)."""
-    import random
-
-    from appliance.proposers.tune import TuneProposer
-
-    s = state.settings
-    out = []
-    for name in parse_names(config.proposer):
-        if name == "tune":
-            out.append(TuneProposer(random.Random(config.seed)))
-            continue
-        from appliance.proposers.llm import LLMProposer, LLMSettings
-
-        profile_name = name.partition(":")[2]
-        if profile_name:  # the model a profile serves: its URL and served name
-            from appliance.models import load_profile
-
-            profile = load_profile(profile_name)
-            max_tokens = (s.llm_max_tokens if s.llm_max_tokens_set or not profile.max_tokens
-                          else profile.max_tokens)
-            settings = LLMSettings(base_url=profile.base_url, model=profile.served_name, api_key=s.llm_api_key,
-                                   max_tokens=max_tokens, seed=config.seed)
-        elif not s.llm_url:
-            raise ApplianceError("the llm proposer needs APPLIANCE_LLM_URL (and APPLIANCE_LLM_MODEL), or name a "
-                                 "model profile (--proposer llm:PROFILE, `appliance model list`); "
-                                 "`appliance optimize --proposer tune` works without one")
-        else:
-            settings = LLMSettings(base_url=s.llm_url, model=s.llm_model, api_key=s.llm_api_key,
-                                   max_tokens=s.llm_max_tokens, seed=config.seed)
-        out.append(LLMProposer(settings, name=name))
-    return out
+    return build_proposers(parse_names(config.proposer), state.settings, config.seed)
 
 
 def _print_summary(summary: Summary, as_json: bool) -> None:

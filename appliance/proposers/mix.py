@@ -55,6 +55,40 @@ def parse_names(spec: str) -> list[str]:
     return names
 
 
+def build(names: list[str], settings, seed: int) -> list:
+    """The proposers of these names (parse_names), from the host's Settings: the registry below, by kind."""
+    return [REGISTRY[name.partition(":")[0]](name, settings, seed) for name in names]
+
+
+def _tuner(name: str, settings, seed: int):
+    from appliance.proposers.tune import TuneProposer
+
+    return TuneProposer(random.Random(seed))
+
+
+def _llm(name: str, s, seed: int):
+    """`llm`: the endpoint of the environment (Settings.llm_*); `llm:PROFILE`: the model a profile serves."""
+    from appliance.proposers.llm import LLMProposer, LLMSettings
+
+    profile_name = name.partition(":")[2]
+    if profile_name:
+        from appliance.models import load_profile
+
+        profile = load_profile(profile_name)
+        max_tokens = s.llm_max_tokens if s.llm_max_tokens_set or not profile.max_tokens else profile.max_tokens
+        return LLMProposer(LLMSettings(base_url=profile.base_url, model=profile.served_name, api_key=s.llm_api_key,
+                                       max_tokens=max_tokens, seed=seed), name=name)
+    if not s.llm_url:
+        raise ApplianceError("the llm proposer needs APPLIANCE_LLM_URL (and APPLIANCE_LLM_MODEL), or name a model "
+                             "profile (--proposer llm:PROFILE, `appliance model list`); "
+                             "`appliance optimize --proposer tune` works without one")
+    return LLMProposer(LLMSettings(base_url=s.llm_url, model=s.llm_model, api_key=s.llm_api_key,
+                                   max_tokens=s.llm_max_tokens, seed=seed), name=name)
+
+
+REGISTRY = {TUNE: _tuner, LLM_PREFIX: _llm}  # kind -> factory(name, settings, seed)
+
+
 def uses_llm(names: list[str]) -> bool:
     return any(n.partition(":")[0] == LLM_PREFIX for n in names)
 
