@@ -349,6 +349,7 @@ class TuneProposer:
         # setting is several moves away and each move alone is slower (measured: rmsnorm, docs in EXPLORE_SHARE).
         rng = ctx.rng or self.rng
         jumps = sum(rng.random() < self.explore for _ in range(n)) if self.explore else 0
+        jumps = min(jumps, n - len(proposals))  # never more than asked: the loop sized the generation to its budget
         wanted = len(proposals) + jumps
         for values in itertools.islice(self._combinations(tunables, current, jumps, rng), jumps * MAX_DRAWS_PER_PROPOSAL):
             if len(proposals) >= wanted:

@@ -9,7 +9,6 @@ evaluations.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import time
@@ -437,7 +436,7 @@ class Optimizer:
                     answers[i] = proposals
         queued_any = False
         for i, (_, parent, islands, _) in enumerate(asks):
-            for island, proposal in zip(itertools.cycle(islands), answers[i]):
+            for island, proposal in zip(islands, answers[i]):  # (never more than asked: the budget sized it)
                 queued = self._store_proposal(proposal, parent, island, generation, seen)
                 queued_any = queued_any or queued
         self.state["generation"] = generation + 1

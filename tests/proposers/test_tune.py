@@ -314,6 +314,17 @@ def test_the_proposer_offers_the_per_shape_candidate_first_and_only_once():
         PromptContext(task_name="t", task_source="", parent=Example(broken), measured=measured), 2))
 
 
+def test_the_tuner_never_answers_with_more_proposals_than_asked():
+    """A per-shape (or cached, or modelled) proposal plus random jumps once made two answers to a request for one:
+    a run sized to its budget then left a candidate unevaluated (seen as a flaky resume test in CI)."""
+    measured = [Measured(variant(4096), 1.0, {NARROW: 0.02}), Measured(variant(1024), 1.3, {NARROW: 0.01})]
+    for seed in range(40):
+        for n in (1, 2, 3):
+            got = TuneProposer(random.Random(seed), explore=1.0).propose(
+                PromptContext(task_name="t", task_source="", parent=Example(variant(4096)), measured=measured), n)
+            assert len(got) == n and got[0].note.startswith("per shape: "), (seed, n, [p.note for p in got])
+
+
 # --- through the real gate ---------------------------------------------------------------------------------------
 
 def test_a_tuned_softmax_baseline_passes_the_real_cpu_gate(appliance, tmp_path):

@@ -94,7 +94,8 @@ def test_a_run_killed_mid_evaluation_resumes_without_losing_or_repeating_work(ap
     assert after[: len(first)] == first  # finished evaluations kept as they were
     per_candidate = rows(home, "SELECT candidate_id, count(*) FROM evaluation GROUP BY candidate_id")
     assert all(n == 1 for _, n in per_candidate)  # nothing evaluated twice
-    assert rows(home, "SELECT count(*) FROM candidate WHERE status != 'evaluated'")[0][0] == 0
+    leftover = rows(home, "SELECT id, proposer, status, failure, generation FROM candidate WHERE status != 'evaluated'")
+    assert leftover == [], rows(home, "SELECT id, parent_id, proposer, status, generation, note FROM candidate")
 
 
 def test_pause_and_stop_are_noticed_and_resume_goes_on(appliance, home):
