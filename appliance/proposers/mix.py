@@ -102,6 +102,7 @@ class Yield:
     evaluated: int = 0
     passed: int = 0
     pending: int = 0  # queued or being evaluated: no cost known yet
+    empty: int = 0  # answers that gave nothing new (a tuner out of settings, duplicates): no row, kept in run state
     improved: int = 0  # passed and beat their parent
     gain: float = 0.0  # sum of log2(speedup over the parent) of those that did
     gpu_s: float = 0.0
@@ -193,13 +194,15 @@ class Bandit:
         virtual = virtual or {}
         evaluated = sum(y.evaluated for y in stats.values())
         mean_cost = max(sum(y.gpu_s for y in stats.values()) / evaluated, 1e-3) if evaluated else 1.0
-        pulls = {n: (stats.get(n) or Yield(n)).pulls + virtual.get(n, 0) + 1 for n in arms}  # + the prior pull
+        pulls = {n: (stats.get(n) or Yield(n)).pulls + (stats.get(n) or Yield(n)).empty + virtual.get(n, 0) + 1
+                 for n in arms}  # + the prior pull
 
         def rate(name: str, chosen: int) -> float:
             """Gain per second of cost. Pulls with no cost known yet (queued, in flight, chosen in this
-            generation) and the prior pull cost an average evaluation; a failed proposal costs its tokens."""
+            generation), empty answers and the prior pull cost an average evaluation (an arm that keeps answering
+            with nothing new loses its turn to the others); a failed proposal costs its tokens."""
             y = stats.get(name) or Yield(name)
-            return (y.gain + PRIOR_GAIN) / (y.cost_s + (y.pending + chosen + 1) * mean_cost)
+            return (y.gain + PRIOR_GAIN) / (y.cost_s + (y.pending + y.empty + chosen + 1) * mean_cost)
 
         rates = {n: rate(n, virtual.get(n, 0)) for n in arms}
         # The bonus's scale: the best rate before this generation's choices (which would shrink it as they add up).

@@ -400,45 +400,35 @@ class Optimizer:
             timings.setdefault(t.evaluation_id, []).append(t)
         measured = self._measured(db, timings)
         known = self._known_elsewhere(db)
-        # Slot by slot, in order (so a seed gives the same choices): a proposer (the bandit's choice), then a parent
-        # for it. One request per (proposer, parent) for as many proposals as slots chose them, so that a tuner's
-        # proposals for one parent differ from each other.
         stats = mix.yields(self.store.run_candidates(self.run_id), list(self.proposers))
+        empty_answers = self.state.setdefault("empty_answers", {})  # proposer -> answers that gave nothing new
+        for name, count in empty_answers.items():
+            if name in stats:
+                stats[name].empty = count
         virtual: dict[str, int] = {}  # this generation's choices so far
-        groups: dict[tuple[str, int], tuple[str, Entry, list[int]]] = {}
-        for slot in range(max(size, self.config.batch)):
-            island = (generation * self.config.batch + slot) % self.config.islands
-            choice = self._choose(db, island, stats, virtual)
-            if choice is None:
+        queued_any, slots, short = False, max(size, self.config.batch), set()
+        # Slots a proposer left empty (a tuner with nothing new to offer on its parent) go to the others, once.
+        for attempt in range(2):
+            groups = self._choose_slots(db, generation, slots, stats, virtual, exclude=short)
+            if groups is None and attempt == 0:
                 self.log("no passing candidate to build on: the seed candidate failed the gate")
                 return False
-            name, parent = choice
-            virtual[name] = virtual.get(name, 0) + 1
-            groups.setdefault((name, parent.candidate.id), (name, parent, []))[2].append(island)
-        asks = [(name, parent, islands, replace(
-                    self._context(db, parent, measured, timings), known=known[0], known_from=known[1],
-                    rng=random.Random(f"{self.config.seed}-{generation}-{name}-{parent.candidate.id}")))
-                for name, parent, islands in groups.values()]
-        answers: dict[int, list[Proposal]] = {}
-        # Proposers that avoid seen sources (the tuner), in this process and fast: one parent after another, each
-        # told what the others proposed, so that two parents of one family do not both propose the same settings.
-        taken = set(seen)
-        for i, (name, _, islands, ctx) in enumerate(asks):
-            if self.proposers[name].traits.avoids_seen:
-                answers[i] = self._ask(name, ctx, len(islands), taken)
-                taken |= {source_hash(p.source) for p in answers[i] if p.source}
-        # The others (an LLM answers several prompts in parallel): every request in flight at once.
-        rest = [i for i in range(len(asks)) if i not in answers]
-        if rest:
-            with ThreadPoolExecutor(len(rest)) as pool:
-                for i, proposals in zip(rest, pool.map(lambda i: self._ask(asks[i][0], asks[i][3],
-                                                                           len(asks[i][2]), set(seen)), rest)):
-                    answers[i] = proposals
-        queued_any = False
-        for i, (_, parent, islands, _) in enumerate(asks):
-            for island, proposal in zip(islands, answers[i]):  # (never more than asked: the budget sized it)
-                queued = self._store_proposal(proposal, parent, island, generation, seen)
-                queued_any = queued_any or queued
+            if groups is None:
+                break
+            answers = self._answers(db, groups, generation, measured, timings, known, seen)
+            slots = 0
+            for (name, parent, islands), proposals in zip(groups, answers):
+                stored = [self._store_proposal(p, parent, island, generation, seen)
+                          for island, p in zip(islands, proposals)]  # (never more than asked: the budget sized it)
+                queued_any = queued_any or any(stored)
+                failed = sum(p.source is None and p.kind != "exhausted" for p in proposals[:len(islands)])
+                if empty := len(islands) - sum(stored) - failed:  # exhausted, duplicates, or fewer than asked
+                    empty_answers[name] = empty_answers.get(name, 0) + empty
+                    stats[name].empty = empty_answers[name]
+                    slots += empty
+                    short.add(name)
+            if not slots or set(self.proposers) <= short:
+                break
         self.state["generation"] = generation + 1
         if queued_any:
             self.state["barren"] = 0
@@ -446,11 +436,54 @@ class Optimizer:
             self.state["migrants"] = self._database().migrate(self.state["migrants"])
         return queued_any
 
-    def _choose(self, db: SearchDatabase, island: int, stats: dict, virtual: dict) -> tuple[str, Entry] | None:
+    def _choose_slots(self, db: SearchDatabase, generation: int, slots: int, stats: dict, virtual: dict,
+                      exclude: set[str]) -> list[tuple[str, Entry, list[int]]] | None:
+        """Slot by slot, in order (so a seed gives the same choices): a proposer (the bandit's choice), then a parent
+        for it. One request per (proposer, parent), for as many proposals as slots chose them, so that a tuner's
+        proposals for one parent differ from each other. None when no proposer has a parent."""
+        groups: dict[tuple[str, int], tuple[str, Entry, list[int]]] = {}
+        for slot in range(slots):
+            island = (generation * self.config.batch + slot) % self.config.islands
+            choice = self._choose(db, island, stats, virtual, exclude)
+            if choice is None:
+                return None
+            name, parent = choice
+            virtual[name] = virtual.get(name, 0) + 1
+            groups.setdefault((name, parent.candidate.id), (name, parent, []))[2].append(island)
+        return list(groups.values())
+
+    def _answers(self, db: SearchDatabase, groups: list, generation: int, measured: list[Measured],
+                 timings: dict[int, list], known: tuple, seen: set[str]) -> list[list[Proposal]]:
+        """Each group's proposals, in the order of `groups`."""
+        asks = [(name, len(islands), replace(
+                    self._context(db, parent, measured, timings), known=known[0], known_from=known[1],
+                    rng=random.Random(f"{self.config.seed}-{generation}-{name}-{parent.candidate.id}")))
+                for name, parent, islands in groups]
+        answers: dict[int, list[Proposal]] = {}
+        # Proposers that avoid seen sources (the tuner), in this process and fast: one parent after another, each
+        # told what the others proposed, so that two parents of one family do not both propose the same settings.
+        taken = set(seen)
+        for i, (name, n, ctx) in enumerate(asks):
+            if self.proposers[name].traits.avoids_seen:
+                answers[i] = self._ask(name, ctx, n, taken)
+                taken |= {source_hash(p.source) for p in answers[i] if p.source}
+        # The others (an LLM answers several prompts in parallel): every request in flight at once.
+        rest = [i for i in range(len(asks)) if i not in answers]
+        if rest:
+            def ask(i: int) -> list[Proposal]:
+                name, n, ctx = asks[i]
+                return self._ask(name, ctx, n, set(seen))
+
+            with ThreadPoolExecutor(len(rest)) as pool:
+                answers.update(zip(rest, pool.map(ask, rest)))
+        return [answers[i] for i in range(len(asks))]
+
+    def _choose(self, db: SearchDatabase, island: int, stats: dict, virtual: dict,
+                exclude: set[str] = frozenset()) -> tuple[str, Entry] | None:
         """A proposer and a parent for one slot. The bandit picks among the proposers that have a parent they can
-        work on (the tuner needs declared TUNABLES); when none can, the bandit's pick is asked anyway and records
-        why it could not propose."""
-        allowed, fallback = list(self.proposers), None
+        work on (the tuner needs declared TUNABLES), leaving out those in `exclude` while others remain; when none
+        can, the bandit's pick is asked anyway and records why it could not propose."""
+        allowed, fallback = [n for n in self.proposers if n not in exclude] or list(self.proposers), None
         while allowed:
             name = self.bandit.choose(stats, self.rng, allowed, virtual)
             proposer = self.proposers[name]

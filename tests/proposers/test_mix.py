@@ -150,3 +150,34 @@ def test_a_prior_pull_keeps_an_unknown_arms_index_finite():
     assert y.gain_per_hour is None and y.cost_s == 0.0
     assert Bandit(["x", "y"]).choose({}, random.Random(0)) in ("x", "y")
     assert PRIOR_GAIN > 0
+
+
+class BigStepThenNothing:
+    """A tuner-like proposer whose first answer is a large gain (four steps at once) and every later one is
+    `exhausted` (nothing new to offer, which writes no row): its record alone would keep it first forever."""
+
+    traits = Traits(avoids_seen=True)
+
+    def __init__(self):
+        self.name, self.asked = "tune", 0
+
+    def accepts(self, parent_source: str) -> bool:
+        return True
+
+    def propose(self, ctx, n, seen=None):
+        self.asked += 1
+        if self.asked == 1:
+            return [Proposal(source=ctx.parent.source + "\nSTEP_a = STEP_b = STEP_c = STEP_d = 1\n",
+                             proposer=self.name)]
+        return [Proposal(source=None, proposer=self.name, kind="exhausted", failure="tune_exhausted: all seen")]
+
+
+def test_a_proposer_out_of_ideas_gives_its_slots_to_the_others_instead_of_ending_the_run_barren(tmp_path):
+    """Seen in review: exhausted answers left no trace, the bandit chose the tuner for every slot, and three such
+    generations ended the run with its budget unspent and the LLM never asked."""
+    tuner, llm = BigStepThenNothing(), Appender("llm", "NOOP_")
+    store, run_id, summary = run(tmp_path, [tuner, llm], max_candidates=10)
+    assert summary.status == "finished" and summary.evaluated == 10, summary
+    rows = store.run_candidates(run_id)
+    assert len([c for c, _ in rows if c.proposer == "llm"]) >= 7
+    assert store.get_run(run_id).state["empty_answers"]["tune"] > 0

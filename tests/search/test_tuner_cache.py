@@ -47,14 +47,20 @@ def best_settings(store, run_id):
 
 
 def test_a_second_run_starts_from_the_settings_the_first_found_on_the_same_gpu(tmp_path):
+    # Which setting a 24-candidate search reaches depends on thread timing, so what is checked is that the second
+    # run starts from whatever the first found fastest, not that the first found the optimum.
     store, first = tune_run(tmp_path, settings_evaluator(), max_candidates=24)
-    found = best_settings(store, first)
-    assert found["MAX_BLOCK"] == 16384 and found["NUM_WARPS"] == 2, found  # the first run had to search
+    speeds = {c.generation: e.speedup_vs_eager for c, e in store.run_candidates(first) if e is not None}
+    best_speed = max(e.speedup_vs_eager for _, e in store.run_candidates(first) if e is not None)
+    assert best_speed > speeds[0], speeds  # the first run had to search to get there
     store, second = tune_run(tmp_path, settings_evaluator(), max_candidates=5)
-    cached = [c for c, _ in store.run_candidates(second) if c.note.startswith("cached: ")]
-    assert cached and cached[0].generation == 1, [(c.generation, c.note) for c, _ in store.run_candidates(second)]
-    assert f"run {first} on NVIDIA H200 (driver 570.1)" in cached[0].note
-    assert current_values(cached[0].source) == found
+    cached = [(c, e) for c, e in store.run_candidates(second) if c.note.startswith("cached: ")]
+    assert cached and cached[0][0].generation == 1, \
+        [(c.generation, c.note) for c, _ in store.run_candidates(second)]
+    assert f"run {first} on NVIDIA H200 (driver 570.1)" in cached[0][0].note
+    assert cached[0][1].speedup_vs_eager == best_speed
+    assert current_values(cached[0][0].source) in [current_values(c.source) for c, e in store.run_candidates(first)
+                                                   if e is not None and e.speedup_vs_eager == best_speed]
 
 
 def test_times_from_another_gpu_are_not_a_cache_for_this_one(tmp_path):
