@@ -257,8 +257,9 @@ def _print_timings(timings: list[dict], device: str) -> None:
 def optimize(
     task: Annotated[Optional[Path], typer.Argument(help="Task file (KernelBench format). Not needed with --resume.")] = None,
     start_from: Annotated[Optional[Path], typer.Option(
-        "--from", help="Seed candidate (a ModelNew that passes the gate). Default: the bundled baseline "
-                       "benchmarks/baselines/NAME.py when the task is from the bundled suite.")] = None,
+        "--from", help="Seed candidate (a ModelNew that passes the gate), or `compile`: torch.compile's own "
+                       "kernels written out. Default: the bundled baseline benchmarks/baselines/NAME.py when the "
+                       "task is from the bundled suite, else torch.compile's kernels.")] = None,
     proposer: Annotated[Optional[str], typer.Option(
         help="tune (parameter tuner) | llm (APPLIANCE_LLM_URL) | llm:PROFILE (a model profile's server), or several "
              "comma-separated (tune,llm:fast,llm:strong): a bandit gives each slot to the one with the best gain per "
@@ -312,6 +313,9 @@ def optimize(
             if task is None:
                 raise ApplianceError("give a TASK file, or --resume RUN")
             t = load_task(task)
+            from_compile = start_from is not None and str(start_from) == "compile"
+            if from_compile:
+                start_from = None
             seed_file = start_from or (s.suite_dir.parent / "baselines" / task.name)  # the bundled baseline
             chosen = proposer or ("llm" if s.llm_url else "tune")
             names = parse_names(chosen)
@@ -326,8 +330,8 @@ def optimize(
                                      "or use --proposer llm")
             # The bundled baseline, unless the tuner is in the run and could not tune it (then every proposer
             # starts from torch.compile's kernels, which declare their launch configs).
-            if seed_file.is_file() and ("tune" not in names or start_from is not None
-                                        or _declares_tunables(seed_file)):
+            if not from_compile and seed_file.is_file() and ("tune" not in names or start_from is not None
+                                                             or _declares_tunables(seed_file)):
                 seed_source, seed_path, seed_note = (seed_file.read_text(errors="replace"), str(seed_file.resolve()),
                                                      "seed candidate")
             else:  # no kernel the proposer can work on: torch.compile's own, written out (an LLM's parent too)

@@ -92,7 +92,7 @@ class Shape:
     from. A derived shape (no manifest) is checked for correctness only, never timed."""
 
     name: str
-    sizes: dict[str, int]
+    sizes: dict[str, Any]  # ints, or tuples of ints
     distribution: dict[str, Any]
     layout: str
     origin: str = "the task file's sizes"
@@ -120,13 +120,18 @@ def smaller_size(n: int) -> int:
     return n if n < DERIVED_FROM else (n // 4) | 1
 
 
-def derived_shapes(sizes: dict[str, int], distribution: dict[str, Any]) -> list[Shape]:
+def _each_int(value, change):
+    """A size with `change` applied to it, or to each int of a tuple of sizes (`input_shape = (32768,)`)."""
+    return tuple(change(v) for v in value) if isinstance(value, (tuple, list)) else change(value)
+
+
+def derived_shapes(sizes: dict[str, Any], distribution: dict[str, Any]) -> list[Shape]:
     """What a bare KernelBench file (no manifest) is checked at beside its own sizes, derived from its module-level
     integer sizes. Each size maps by its value alone, so sizes that are equal in the file stay equal (a square
     matmul's M and K, a width shared by two inputs). The reference runs each first; a shape it cannot run is
     dropped and listed with the reason (sandbox/harness/referee.py)."""
-    odd = {k: odd_size(v) for k, v in sizes.items()}
-    small = {k: smaller_size(v) for k, v in sizes.items()}
+    odd = {k: _each_int(v, odd_size) for k, v in sizes.items()}
+    small = {k: _each_int(v, smaller_size) for k, v in sizes.items()}
     dist = {"scale": 100.0, "fraction": 0.001}
 
     def shape(name, sz, kind, layout, origin):
@@ -145,7 +150,7 @@ def derived_shapes(sizes: dict[str, int], distribution: dict[str, Any]) -> list[
 class Task:
     path: Path
     source: str
-    sizes: dict[str, int]  # the module-level integer sizes as written in the file
+    sizes: dict[str, Any]  # the module-level integer sizes (and tuples of them) as written in the file
     manifest: Manifest = field(default_factory=Manifest)
     manifest_path: Path | None = None
     manifest_text: str = ""
@@ -259,8 +264,9 @@ def _check_structure(tree: ast.Module, where: str) -> None:
             raise TaskError(where, f"{fn}() must take no required arguments", node.lineno)
 
 
-def _module_sizes(tree: ast.Module) -> dict[str, int]:
-    """Module-level integer constants: `dim = 4096`, and `batch_size, dim = 64, 512` alike."""
+def _module_sizes(tree: ast.Module) -> dict[str, Any]:
+    """Module-level integer constants: `dim = 4096`, and `batch_size, dim = 64, 512` alike; and tuples of them
+    (KernelBench's `input_shape = (32768,)`), which derived shapes change with the ints they match."""
     sizes = {}
     for node in tree.body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
@@ -270,8 +276,13 @@ def _module_sizes(tree: ast.Module) -> dict[str, int]:
                  list(zip(target.elts, value.elts)) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
                  and len(target.elts) == len(value.elts) else [])
         for name, constant in pairs:
-            if isinstance(name, ast.Name) and isinstance(constant, ast.Constant) and type(constant.value) is int:
+            if not isinstance(name, ast.Name):
+                continue
+            if isinstance(constant, ast.Constant) and type(constant.value) is int:
                 sizes[name.id] = constant.value
+            elif (isinstance(constant, ast.Tuple) and constant.elts and
+                  all(isinstance(e, ast.Constant) and type(e.value) is int for e in constant.elts)):
+                sizes[name.id] = tuple(e.value for e in constant.elts)
     return sizes
 
 

@@ -53,8 +53,8 @@ VARIANTS = {
                                                      "x = tl.load(x_ptr + offs, mask=mask).to(tl.float16)"
                                                      ".to(tl.float32) * scale")]),
 }
-HEADER = ("| problem | derived shapes (sizes) | dropped | honest | margin | wrong variant | its verdict | wall s |\n"
-          "|---|---|---|---|---|---|---|---|")
+HEADER = ("| problem | derived shapes (sizes) | dropped | honest | margin | wrong variant | its verdict "
+          "| device s held: derived / main only | wall s |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def variant_source(problem: str) -> str:
@@ -83,8 +83,22 @@ def row(pipeline, problem: str, workdir: Path) -> str:
     wrong = pipeline.evaluate(task, path)
     caught = "**passed (not caught)**" if wrong.passed else f"{wrong.verdict}, {_where(wrong.reason)}"
     wall = time.monotonic() - start  # both evaluations, baselines prepared once (reuse_inputs)
+    # The derived shapes' device cost: the same honest kernel on the same file with a manifest that asks for the
+    # main shape only (what a bare file was checked at before derived shapes), device time held per evaluation.
+    main_only = workdir / "main_only"
+    main_only.mkdir(exist_ok=True)
+    (main_only / f"{problem}.py").write_text((BARE / f"{problem}.py").read_text())
+    (main_only / f"{problem}.toml").write_text('description = "main shape only"\n')
+    plain = pipeline.evaluate(load_task(main_only / f"{problem}.py"), BARE / "kernels" / f"{problem}.py")
+    held, held_plain = (_held(o) for o in (honest, plain))
+    cost = f"{held:.2f} / {held_plain:.2f} = {held / held_plain:.2f}x" if held and held_plain else "-"
     return (f"| {problem} | {derived} | {dropped} | {honest_text} | {margin} | {VARIANTS[problem][0]} | {caught} "
-            f"| {wall:.0f} |")
+            f"| {cost} | {wall:.0f} |")
+
+
+def _held(outcome) -> float | None:
+    """Seconds the evaluation held the device (its turns, every process)."""
+    return (outcome.details.get("device_turns") or {}).get("held_s")
 
 
 def _where(reason: str) -> str:
@@ -113,7 +127,7 @@ def main() -> int:
             try:
                 rows.append(row(pipeline, problem, Path(tmp)))
             except Exception as exc:  # noqa: BLE001 - one broken problem must not cost the other rows
-                rows.append(f"| {problem} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | | | | |")
+                rows.append(f"| {problem} | failed: {type(exc).__name__}: {str(exc)[:200]} | | | | | | | |")
             print(rows[-1], flush=True)
     pipeline.close()
     return 0

@@ -185,9 +185,12 @@ def fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 
 def run_task(name: str, args, device: str, out: Path) -> list[str]:
-    home = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out))
-    cmd = ["optimize", str(REPO / "benchmarks/tasks" / f"{name}.py"), "--proposer", "tune",
+    home = Path(tempfile.mkdtemp(prefix=f"{Path(name).stem}-", dir=out))
+    task = Path(name) if name.endswith(".py") else REPO / "benchmarks/tasks" / f"{name}.py"
+    cmd = ["optimize", str(task.resolve()), "--proposer", "tune",
            "--max-candidates", str(args.max_candidates), "--json", "--device", device]
+    if args.from_compile:
+        cmd += ["--from", "compile"]
     if args.executor:
         cmd += ["--executor", args.executor]  # the cluster's GPUs: its workers say which they lend
     elif device == "cuda":
@@ -222,7 +225,7 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
     steady = steady_rate(verdicts)
     unit = " (CPU)" if device == "cpu" else ""
     roof = best_t.get("roofline_fraction")
-    row = [name, str(summary["evaluated"]),
+    row = [Path(name).stem, str(summary["evaluated"]),
            f"{fmt(seed_t.get('median_ms'), '.4g')} -> {fmt(best_t.get('median_ms'), '.4g')}{unit}",
            fmt(best.get("speedup_vs_eager"), ".3g", "x"), fmt(best.get("speedup_vs_compile"), ".3g", "x"),
            fmt(roof * 100 if roof else None, ".0f", "%"), (best.get("note") or "-").replace("|", "\\|"),
@@ -238,7 +241,7 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
             path.write_text(source)
             files.append(path)
         for inputs in naive_inputs(args):
-            naive = run_candidates(REPO / "benchmarks/tasks" / f"{name}.py", files, device,
+            naive = run_candidates(task, files, device,
                                    gpu=int(args.gpus.split(",")[0]), log=lambda line: print(line, file=sys.stderr),
                                    inputs=inputs)
             ratio = per_gpu_hour / naive["per_hour"] if naive["per_hour"] else None
@@ -252,7 +255,10 @@ def naive_inputs(args) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", default="softmax,rmsnorm,layernorm")
+    parser.add_argument("--tasks", default="softmax,rmsnorm,layernorm",
+                        help="bundled task names, or paths to task files (NAME.py)")
+    parser.add_argument("--from-compile", action="store_true",
+                        help="start every run from torch.compile's kernels (--from compile), not the bundled baseline")
     parser.add_argument("--max-candidates", type=int, default=12)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--gpus", default="0", help="evaluation GPUs, e.g. 0,1 (cuda only)")
@@ -294,8 +300,9 @@ def main() -> int:
         if args.copy_dbs:
             args.copy_dbs.mkdir(parents=True, exist_ok=True)
             shutil.copy(out / "results.md", args.copy_dbs / "results.md")
-            for db in out.glob(f"{name.strip()}-*/appliance.db"):
-                shutil.copy(db, args.copy_dbs / f"{name.strip()}.db")
+            stem = Path(name.strip()).stem
+            for db in out.glob(f"{stem}-*/appliance.db"):
+                shutil.copy(db, args.copy_dbs / f"{stem}.db")
     return 0
 
 

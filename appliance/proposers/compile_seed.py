@@ -55,9 +55,11 @@ def compile_seed(task: Task, jail: Jail, jobs_dir: Path, device: str, mode: str,
                                                      f"{MAX_SEED_BYTES >> 20} MiB)", mode="compile", latency_s=latency)
         # The result was written where the task's code ran: only well-formed fields make it into the note.
         shapes, library = _names(result.get("shapes")), _names(result.get("library_calls"))
+        dropped = [d.split(" ", 1)[0] for d in _names(result.get("dropped_shapes"))]
         count = result.get("kernels") if type(result.get("kernels")) is int else "?"
         note = (f"torch.compile's own kernels ({count} Triton kernels, shapes {', '.join(shapes)}"
-                + (f"; library calls kept: {', '.join(library)}" if library else "") + ")")
+                + (f"; library calls kept: {', '.join(library)}" if library else "")
+                + (f"; none at {', '.join(dropped)}, which the reference cannot run" if dropped else "") + ")")
         return Proposal(source, "compile", mode="compile", note=note[:500], latency_s=latency)
     finally:
         remove_tree(job)

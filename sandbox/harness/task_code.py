@@ -37,7 +37,7 @@ def dtype_of(spec: dict):
 def set_sizes(task, shape: dict) -> None:
     """KernelBench tasks read their sizes from module globals: a shape sets them before any call of the task."""
     for name, value in shape["sizes"].items():
-        setattr(task, name, value)
+        setattr(task, name, tuple(value) if isinstance(value, list) else value)  # a tuple size comes back as JSON
 
 
 def build_model(spec: dict, task, init: list, seed: int, device: str, dtype):
