@@ -227,7 +227,7 @@ class EvaluationWorker:
 
     def evaluate(self, files: dict, source: str, display_path: str, profile_above: float | None = None
                  ) -> Outcome | dict:
-        self.profile_if.set(profile_above)
+        self.profile_if.set(profile_above, files)
         try:
             outcome = evaluate_sent(self.pipeline, self.tasks, files, source, display_path, self.dir)
         except TaskError as e:

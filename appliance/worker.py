@@ -223,7 +223,7 @@ class WorkerServer:
             key = None
             try:
                 key, pipeline = self._acquire(request["settings"])
-                self.profile_if.set(request.get("profile_above"))
+                self.profile_if.set(request.get("profile_above"), request.get("task"))
                 outcome = evaluate_sent(pipeline, self.tasks, request["task"], request["source"], request["path"],
                                         self.dir)
             except TaskError as e:

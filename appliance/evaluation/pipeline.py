@@ -130,20 +130,25 @@ class SentThreshold:
     bar is also PROFILE_MIN_GAIN over the best this worker profiled since."""
 
     def __init__(self):
-        self.local = threading.local()  # the threshold of the evaluation this thread runs
-        self.best_profiled, self.lock = 0.0, threading.Lock()
+        self.local = threading.local()  # the threshold of the evaluation this thread runs, and its task
+        self.best_profiled: dict[str, float] = {}  # per task: runs of other tasks have other speedups
+        self.lock = threading.Lock()
 
-    def set(self, above: float | None) -> None:
+    def set(self, above: float | None, task: dict | None = None) -> None:
+        """The threshold an evaluation brings, and its task (task_files) whose profiled best it is compared with."""
         self.local.above = above
+        self.local.task = "" if task is None else hashlib.sha256(
+            (task.get("source", "") + "\0" + task.get("manifest", "")).encode()).hexdigest()
 
     def __call__(self, speedup: float | None) -> bool:
         above = getattr(self.local, "above", None)
         if above is None:
             return True
+        task = getattr(self.local, "task", "")
         with self.lock:
-            if speedup is None or speedup <= max(above, PROFILE_MIN_GAIN * self.best_profiled):
+            if speedup is None or speedup <= max(above, PROFILE_MIN_GAIN * self.best_profiled.get(task, 0.0)):
                 return False
-            self.best_profiled = speedup
+            self.best_profiled[task] = speedup
             return True
 
 

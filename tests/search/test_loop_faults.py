@@ -228,6 +228,21 @@ def test_a_remote_worker_does_not_profile_what_its_own_earlier_profiles_already_
     assert decide(None, None)  # sent without a threshold (a plain evaluation): profile as the settings say
 
 
+def test_what_a_worker_profiled_for_one_task_does_not_raise_the_bar_for_another():
+    """A worker serves many runs: a 10x best profiled on one task must not stop another task's 2x new best (its
+    run's own threshold, 1.5x) from being profiled."""
+    from appliance.evaluation.pipeline import SentThreshold
+
+    profile_if = SentThreshold()
+    softmax, rmsnorm = {"source": "softmax", "manifest": ""}, {"source": "rmsnorm", "manifest": ""}
+    profile_if.set(1.5, softmax)
+    assert profile_if(10.0)
+    profile_if.set(1.5, rmsnorm)
+    assert profile_if(2.0)
+    profile_if.set(1.5, softmax)
+    assert not profile_if(2.0)  # the same task: its worker's own profiled best still counts
+
+
 def test_the_tuner_asked_for_two_parents_in_one_generation_does_not_propose_the_same_source_twice(tmp_path):
     """Parents are asked one after another, each told what the others proposed; a duplicate would be dropped and
     the generation would come out one candidate short."""
