@@ -295,6 +295,9 @@ def optimize(
 
     s = state.settings
     try:
+        if stop_at_roofline is not None and not 0 <= stop_at_roofline <= 1:
+            raise ApplianceError(f"--stop-at-roofline {stop_at_roofline}: give a fraction of the roofline between 0 "
+                                 "and 1 (0.95 stops at 95%; 0 never stops)")
         store = _store()
         if resume is not None:
             run = store.get_run(resume)

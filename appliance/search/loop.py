@@ -678,7 +678,8 @@ def _near_the_roofline(rows: list, threshold: float) -> str | None:
         fraction = ((e.details or {}).get("evidence") or {}).get("roofline_fraction") if e is not None else None
         if e is not None and e.verdict == "pass" and isinstance(fraction, (int, float)) and fraction >= threshold:
             return (f"candidate c{candidate.id} runs at {fraction:.0%} of the roofline at the main shape (the run "
-                    f"stops at {threshold:.0%}: --stop-at-roofline): finishing")
+                    f"stops at {threshold:.0%}: --stop-at-roofline; resume with --stop-at-roofline 0 to search on): "
+                    "finishing")
     return None
 
 

@@ -239,6 +239,13 @@ def test_an_llm_run_without_a_seed_starts_from_the_reference(appliance, home, mo
     assert "class ModelNew(nn.Module)" in prompt and "library_fallback" in prompt
 
 
+def test_a_roofline_fraction_outside_0_to_1_is_refused_with_what_to_give(appliance, home):
+    result = appliance("optimize", str(SOFTMAX), "--stop-at-roofline", "95", *FAST)
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "between 0 and 1" in said and "0.95" in said, said
+    assert json.loads(appliance("runs", "--json").stdout) == []  # no run made
+
+
 def test_a_tuner_run_without_a_seed_says_what_to_give(appliance, home):
     result = appliance("optimize", str(BRANCHY), "--proposer", "tune", *FAST)
     said = " ".join(result.output.split())  # the console wraps lines where the path's length puts them

@@ -76,7 +76,7 @@ def test_a_run_that_reaches_the_roofline_finishes_before_its_budget_and_says_why
     store, run_id = tune_run(tmp_path, settings_evaluator(), max_candidates=60, stop_at_roofline=0.9)
     summary = summarize(store, run_id)
     assert summary.status == "finished" and summary.evaluated < 60, summary
-    assert "91% of the roofline" in summary.finished_because and "--stop-at-roofline" in summary.finished_because
+    assert "91% of the roofline" in summary.finished_because and "--stop-at-roofline 0 to search on" in summary.finished_because
     best = best_settings(store, run_id)
     assert best["MAX_BLOCK"] == 16384 and best["NUM_WARPS"] == 2
 
