@@ -76,7 +76,10 @@ def _discover(tree: ast.Module, source: str) -> tuple[str, list[Found]] | None:
     found: dict[str, Found] = {}
     declared: dict[str, tuple[int, ...]] = {}  # module constants a launch already reads
     spans: list[tuple[object, str]] = []
-    taken = set(top) | {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    # Every identifier-like word is taken (parameters, functions, classes, imports, attributes, words in strings):
+    # a new constant may only shadow nothing.
+    taken = set(top) | set(re.findall(r"[A-Za-z_]\w*", source))
+    starts = _offsets(source)  # once: the launches' insertions all need line offsets
     for call in ast.walk(tree):
         kernel = _launched_kernel(call, kernels)
         if kernel is None:
@@ -92,8 +95,8 @@ def _discover(tree: ast.Module, source: str) -> tuple[str, list[Found]] | None:
                 continue
             value = _int_literal(node.value)
             values = values_of(value) if value is not None else None
-            if not values:
-                continue
+            if not values or _also_elsewhere(call, node, value):
+                continue  # (a block size the grid also spells out: changing one alone would break the launch)
             lifted = _lift(found, taken, kernel, keyword, value, values)
             spans.append((node.value, lifted.constant))
         missing = []
@@ -103,7 +106,7 @@ def _discover(tree: ast.Module, source: str) -> tuple[str, list[Found]] | None:
             lifted = _lift(found, taken, kernel, keyword, default, _values_for(keyword, set())(default))
             missing.append(f"{keyword}={lifted.constant}")
         if missing:
-            spans.append((_At(*_before_close(source, call)), _keyword_text(source, call, ", ".join(missing))))
+            spans.append((_At(*_before_close(source, call)), _keyword_text(source, starts, call, ", ".join(missing))))
     declared = {name: values for name, values in declared.items() if values}
     if not found and not declared:
         return None
@@ -114,9 +117,13 @@ def _discover(tree: ast.Module, source: str) -> tuple[str, list[Found]] | None:
               + "\n".join(lines) + "\n")
     spans.append((_At(*_after_imports(source, tree)), header))
     rewritten = splice(source, spans)
+    from appliance.proposers.tune import TuneError, current_values, read_tunables
+
     try:
         parsing.parse(rewritten)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        if not read_tunables(rewritten) or set(current_values(rewritten)) != set(entries):
+            return None
+    except (SyntaxError, ValueError, TuneError, MemoryError, RecursionError):
         return None  # a launch written in a way the insertion did not foresee: leave the source as it was
     return rewritten, list(found.values()) + [Found(n, "", "module constant", 0, v) for n, v in declared.items()]
 
@@ -197,9 +204,14 @@ def _before_close(source: str, call: ast.Call) -> tuple[int, int]:
     return call.end_lineno, call.end_col_offset - 1
 
 
-def _keyword_text(source: str, call: ast.Call, keywords: str) -> str:
+def _also_elsewhere(call: ast.Call, keyword: ast.keyword, value: int) -> bool:
+    """Whether the literal `value` of `keyword` also appears elsewhere in the launch (its grid, another argument)."""
+    return any(isinstance(n, ast.Constant) and type(n.value) is int and n.value == value and n is not keyword.value
+               for n in ast.walk(call))
+
+
+def _keyword_text(source: str, starts: list[int], call: ast.Call, keywords: str) -> str:
     """`, num_warps=NUM_WARPS_K` to insert before the call's `)`; no comma after a trailing one or none after `(`."""
-    starts = _offsets(source)
     line = source[starts[call.end_lineno - 1]:starts[call.end_lineno]]
     col = len(line.encode("utf-8", "surrogatepass")[:call.end_col_offset - 1].decode("utf-8"))
     before = (source[:starts[call.end_lineno - 1]] + line[:col]).rstrip()

@@ -128,3 +128,24 @@ def test_a_discovered_setting_runs_and_computes_what_the_original_did(tmp_path):
     result = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                             env=os.environ | {"TRITON_INTERPRET": "1"})
     assert result.returncode == 0 and "same" in result.stdout, result.stderr[-2000:]
+
+
+def test_a_block_size_the_grid_also_spells_out_is_left_alone():
+    """Lifting BLOCK_SIZE=1024 while the grid keeps cdiv(n, 1024) would launch too few or too many programs at
+    every other value: each such proposal a wasted evaluation."""
+    rewritten, found = discover(kernel_module("""\
+        k[(triton.cdiv(n, 1024),)](x, y, n, BLOCK_SIZE=1024, ACT=1, WIDTH=64, num_warps=8)"""))
+    assert "BLOCK_SIZE" not in {f.keyword for f in found}
+    assert "BLOCK_SIZE=1024" in rewritten and "num_warps=NUM_WARPS_K" in rewritten
+
+
+def test_new_constants_shadow_no_name_of_the_source():
+    """A parameter, function or import named like the constant the tuner would write stays what it was."""
+    source = kernel_module("""\
+        import math as NUM_WARPS_K  # a name the rewrite must not shadow (an import alias is no ast.Name)
+        k[(ROWS,)](x, y, n, BLOCK_SIZE=512, ACT=1, WIDTH=64, num_warps=8)""")
+    rewritten, found = discover(source)
+    warps = [f.constant for f in found if f.keyword == "num_warps"]
+    assert warps == ["NUM_WARPS_K_2"], warps
+    assert "num_warps=NUM_WARPS_K_2" in rewritten
+
