@@ -63,6 +63,9 @@ EXPLORE_SHARE = 0.25
 LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # the line breaks ast counts (not \f, \v or U+2028)
 
 
+MAX_VALUES = 256  # per declared tunable: a longer list is a mistake (or an attack on the tuner's time), not a space
+
+
 class TuneError(ValueError):
     """Why a source's tunables cannot be read or rewritten (short and specific: it is recorded with the run)."""
 
@@ -85,11 +88,15 @@ def read_tunables(source: str) -> dict[str, list]:
             raise TuneError(f"{DECLARATION} key {name!r} is not a constant name")
         if not isinstance(values, (list, tuple)) or not values:
             raise TuneError(f"{DECLARATION}[{name!r}] must be a non-empty list of values")
+        if len(values) > MAX_VALUES:
+            raise TuneError(f"{DECLARATION}[{name!r}] lists {len(values)} values; at most {MAX_VALUES} per tunable")
+        seen = set()
         for v in values:
             _check_literal(v, f"{DECLARATION}[{name!r}]")
-        for a, b in itertools.combinations(values, 2):
-            if _same(a, b):
-                raise TuneError(f"{DECLARATION}[{name!r}] lists {a!r} twice")
+            key = (isinstance(v, bool), isinstance(v, str), v)  # what _same compares, as a set key
+            if key in seen:
+                raise TuneError(f"{DECLARATION}[{name!r}] lists {v!r} twice")
+            seen.add(key)
         _constant_node(constants, name)  # raises when the module has no single top-level literal for it
         tunables[name] = list(values)
     return tunables

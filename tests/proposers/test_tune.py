@@ -118,6 +118,8 @@ def test_neighbours_one_step_in_list_order_and_nearest_for_unlisted_values():
     ("TUNABLES = {'MAX_BLOCK': []}", "must be a non-empty list"),
     ("TUNABLES = {'MAX_BLOCK': 4096}", "must be a non-empty list"),
     ("TUNABLES = {'MAX_BLOCK': [1024, 1024]}", "lists 1024 twice"),
+    ("TUNABLES = {'MAX_BLOCK': [1, 2, 1.0]}", "lists 1.0 twice"),
+    (f"TUNABLES = {{'MAX_BLOCK': {list(range(300))}}}", "lists 300 values; at most 256"),
     ("TUNABLES = {'MAX_BLOCK': [1024, None]}", "None is a NoneType"),
     ("TUNABLES = {'MAX-BLOCK': [1024]}", "is not a constant name"),
     ("TUNABLES = {'MISSING': [1]}", "MISSING has no top-level `MISSING = <literal>` assignment"),
