@@ -563,7 +563,10 @@ class Optimizer:
         """The passing candidates of this task's earlier runs, timed on what this run's evaluations run on (device,
         GPU model, driver, size mode), and a description of where: read once the run's first verdict says what that
         is, then kept (earlier runs do not change)."""
-        latest = next((e.evaluation for e in reversed(db.entries) if e.evaluation is not None), None)
+        # The latest passing evaluation says where this run measures (a rejected one may not have got that far, and
+        # an environment flipping between the two would re-read every earlier run at every generation).
+        latest = next((e.evaluation for e in reversed(db.entries)
+                       if e.evaluation is not None and e.evaluation.verdict == "pass"), None)
         if latest is None:
             return [], ""
         where = _environment(latest)
