@@ -483,7 +483,7 @@ def requeue_orphaned_runs(store, stale_s: float | None = None) -> list[int]:
     import time
 
     if stale_s is None:
-        stale_s = float(os.environ.get("APPLIANCE_CONTROLLER_STALE_S", "600"))
+        stale_s = Settings.load().controller_stale_s
     requeued = []
     for run in store.runs_with_status("running"):
         if not run.config.get("controller"):
@@ -601,7 +601,7 @@ def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, superv
     if dev == "cuda" and not on_ray:
         import torch
 
-        llm_gpu = os.environ.get("APPLIANCE_LLM_GPU", "")  # the GPU vLLM serves from never evaluates
+        llm_gpu = s.llm_gpu or ""  # the GPU vLLM serves from never evaluates
         indices = ([int(g) for g in gpus.split(",")] if gpus else
                    [i for i in range(torch.cuda.device_count()) if str(i) != llm_gpu])
         if not indices:

@@ -64,6 +64,15 @@ class Settings:
     # APPLIANCE_UNSAFE_NO_MEMORY_LIMIT=1: OPERATOR OPT-OUT. Evaluate where no memory limit can be enforced (a memory
     # bomb can then take the host into a global OOM); every verdict is stored with memory_limited = false.
     unsafe_no_memory_limit: bool = False
+    # APPLIANCE_LLM_GPU: the GPU index vLLM serves from, which never evaluates (None: not set).
+    llm_gpu: str | None = None
+    # APPLIANCE_CONTROLLER_STALE_S: a run whose controller's heartbeat is older than this is taken over (an LLM
+    # request may hold a loop for minutes).
+    controller_stale_s: float = 600.0
+    # APPLIANCE_WORKER_TIMEOUT: seconds to wait for an evaluation worker to start and answer.
+    worker_timeout_s: float = 120.0
+    # APPLIANCE_RAY_PLACEMENT_TIMEOUT: seconds to wait for a Ray actor to be placed on a node with a free GPU.
+    ray_placement_timeout_s: float = 300.0
 
     @classmethod
     def load(cls, db_url: str | None = None) -> Settings:
@@ -84,7 +93,11 @@ class Settings:
                    jail_pids=int(_positive_float("APPLIANCE_JAIL_PIDS") or 1024),
                    jail_disk_gib=_positive_float("APPLIANCE_JAIL_DISK_GIB") or 16.0,
                    jail_cpu_seconds=int(_positive_float("APPLIANCE_JAIL_CPU_SECONDS") or 0) or None,
-                   unsafe_no_memory_limit=_truthy(os.environ.get("APPLIANCE_UNSAFE_NO_MEMORY_LIMIT")))
+                   unsafe_no_memory_limit=_truthy(os.environ.get("APPLIANCE_UNSAFE_NO_MEMORY_LIMIT")),
+                   llm_gpu=(os.environ["APPLIANCE_LLM_GPU"].strip() if "APPLIANCE_LLM_GPU" in os.environ else None),
+                   controller_stale_s=_positive_float("APPLIANCE_CONTROLLER_STALE_S") or 600.0,
+                   worker_timeout_s=_positive_float("APPLIANCE_WORKER_TIMEOUT") or 120.0,
+                   ray_placement_timeout_s=_positive_float("APPLIANCE_RAY_PLACEMENT_TIMEOUT") or 300.0)
 
     def jail(self, gpu: int | None = None, unsafe_no_jail: bool = False, **overrides):
         """The jail every evaluation of this host uses, with this host's limits (flags may override them)."""

@@ -183,7 +183,11 @@ def _gpu_roles(llm_url: str | None) -> Check:
     if count == 0:
         return Check("GPU roles", True, "no GPU: the LLM (if any) is remote or on the CPU; evaluations on the CPU",
                      required=False)
-    llm_gpu = os.environ.get("APPLIANCE_LLM_GPU", "0" if llm_url and "127.0.0.1" in llm_url else "")
+    from appliance.config import Settings
+
+    llm_gpu = Settings.load().llm_gpu
+    if llm_gpu is None:
+        llm_gpu = "0" if llm_url and "127.0.0.1" in llm_url else ""
     names = [torch.cuda.get_device_name(i) for i in range(count)]
     roles = [f"GPU {i} ({name}): {'LLM (vLLM)' if str(i) == llm_gpu else 'evaluation'}"
              for i, name in enumerate(names)]

@@ -18,7 +18,6 @@ worker mounts that worker's own Python installation and `sandbox` package.
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import tempfile
 import time
@@ -125,7 +124,9 @@ class RayPipeline:
         # Set by the loop. The actor cannot ask it mid-evaluation: it gets the predicate's threshold (speedup vs
         # eager a passing candidate must beat to be profiled) with each evaluation, when it has one.
         self.profile_if = None
-        self.placement_timeout_s = float(os.environ.get("APPLIANCE_RAY_PLACEMENT_TIMEOUT", "300"))
+        from appliance.config import Settings
+
+        self.placement_timeout_s = Settings.load().ray_placement_timeout_s
 
     def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
         ray = _ray()

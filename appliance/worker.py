@@ -46,6 +46,7 @@ from typing import Callable
 
 from appliance.errors import InfrastructureError, TaskError
 from appliance.evaluation.job_folders import JobFolder
+from appliance.config import Settings
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, SentThreshold, evaluate_sent, sent_threshold
 from appliance.tasks import RebuiltTasks, Task, task_files
 
@@ -408,7 +409,7 @@ class WorkerSupervisor:
         self.home, self.metrics, self.persistent = home, metrics, persistent
         self.log = log or (lambda line: print(f"workers: {line}", file=sys.stderr, flush=True))
         self.key = authkey(home)
-        self.timeout_s = float(os.environ.get("APPLIANCE_WORKER_TIMEOUT", "120"))
+        self.timeout_s = Settings.load().worker_timeout_s
         self.workers: dict[int | None, _Worker] = {}
         self.open: set[int] = set()  # ids of the pipelines handed out and not closed yet
         self.lock = threading.RLock()

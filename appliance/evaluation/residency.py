@@ -5,7 +5,6 @@ the device gate (sandbox/gate.py) and the host-memory budget (host_memory.py) ad
 
 from __future__ import annotations
 
-import os
 
 MEMORY_BUDGET_FRACTION = 0.9  # of the GPU's memory: what the evaluations in flight may hold at once (sandbox/gate.py)
 PROCESS_ALLOWANCE_BYTES = 1 << 30  # device memory of one process beyond its tensors: CUDA context, allocator slack
@@ -55,5 +54,7 @@ def evaluation_gpus() -> int:
         count = pynvml.nvmlDeviceGetCount()
     except Exception:  # noqa: BLE001 - no NVML: this device is taken to be the host's only one
         return 1
-    serving = os.environ.get("APPLIANCE_LLM_GPU", "").strip()
+    from appliance.config import Settings
+
+    serving = Settings.load().llm_gpu or ""
     return max(1, count - (serving.isdigit() and int(serving) < count))
