@@ -420,6 +420,8 @@ def controller(
                       "(another controller? pick --metrics-port)")
             raise typer.Exit(3)
     store = _store()
+    from appliance.controller import requeue_orphaned_runs
+
     requeue_orphaned_runs(store)
     err.print(f"controller: metrics on :{metrics_port}, database {display_url(s.db_url)}", highlight=False)
     # One evaluation worker process per GPU, kept across runs: systemd's appliance-worker@N where they listen,
@@ -438,74 +440,22 @@ def controller(
 
 
 def _controller_loop(store, stop, poll: float, supervisor, metrics, unsafe_no_jail: bool) -> None:
+    from appliance.controller import serve_queue
     from appliance.search.loop import Optimizer
 
     s = state.settings
-    while not stop.is_set():
-        queued = store.runs_with_status("queued")
-        if not queued:
-            for run_id in requeue_orphaned_runs(store):  # e.g. another host's controller died
-                err.print(f"run {run_id}: its controller is gone; queued again", highlight=False)
-            stop.wait(poll)
-            continue
-        run = queued[0]
-        if not store.claim_run(run.id):
-            continue  # another controller took it first
-        store.update_run(run.id, state=(run.state or {}) | {"controller": _controller_id()})
-        try:
-            config = OptimizeConfig.from_dict(run.config)
-            pipelines = _pipelines(config, None, unsafe_no_jail, supervisor)
-            optimizer = Optimizer(store, run.id, _task_of_run(store, run), pipelines, _proposers(config), config,
-                                  s.home / "runs" / str(run.id),
-                                  log=lambda line, rid=run.id: err.print(f"run {rid}: {_plain(line)}",
-                                                                          highlight=False),
-                                  metrics=metrics, should_stop=stop.is_set,
-                                  screens=_screens(config, pipelines, unsafe_no_jail))
-            summary = optimizer.run()
-            err.print(f"run {run.id}: {summary.status}", highlight=False)
-        except ApplianceError as e:  # a broken task or host fails this run, not the controller
-            store.update_run(run.id, status="failed")
-            err.print(f"run {run.id} failed: {e}", highlight=False)
 
+    def run_one(run) -> str:
+        config = OptimizeConfig.from_dict(run.config)
+        pipelines = _pipelines(config, None, unsafe_no_jail, supervisor)
+        optimizer = Optimizer(store, run.id, _task_of_run(store, run), pipelines, _proposers(config), config,
+                              s.home / "runs" / str(run.id),
+                              log=lambda line, rid=run.id: err.print(f"run {rid}: {_plain(line)}", highlight=False),
+                              metrics=metrics, should_stop=stop.is_set,
+                              screens=_screens(config, pipelines, unsafe_no_jail))
+        return optimizer.run().status
 
-def _controller_id() -> str:
-    import socket
-
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def requeue_orphaned_runs(store, stale_s: float | None = None) -> list[int]:
-    """Runs left `running` by a controller that is gone go back to the queue: on this host, a controller whose
-    process is gone; on another host (several controllers may share one database), one whose run has not beaten its
-    heartbeat (loop.py, about every second) for `stale_s` (APPLIANCE_CONTROLLER_STALE_S, default 600: an LLM request
-    may hold the loop for minutes; hosts' clocks are assumed NTP-synchronised)."""
-    import socket
-    import time
-
-    if stale_s is None:
-        stale_s = Settings.load().controller_stale_s
-    requeued = []
-    for run in store.runs_with_status("running"):
-        if not run.config.get("controller"):
-            continue  # an `appliance optimize` in a terminal: --resume is the user's call
-        state = run.state or {}
-        host, _, pid = str(state.get("controller", "")).rpartition(":")
-        if host and host != socket.gethostname():
-            if time.time() - float(state.get("heartbeat") or time.time()) > stale_s:
-                store.update_run(run.id, status="queued")
-                requeued.append(run.id)
-            continue
-        try:
-            os.kill(int(pid), 0)
-            alive = int(pid) != os.getpid()
-        except (ProcessLookupError, ValueError):  # gone, or no record of who ran it
-            alive = False
-        except PermissionError:  # a live process of another user
-            alive = True
-        if not alive:
-            store.update_run(run.id, status="queued")
-            requeued.append(run.id)
-    return requeued
+    serve_queue(store, stop, poll, run_one, log=lambda line: err.print(line, highlight=False))
 
 
 @app.command()

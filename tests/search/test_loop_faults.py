@@ -129,7 +129,7 @@ def test_a_new_controller_requeues_only_runs_whose_controller_is_gone(tmp_path):
     import socket
     import subprocess
 
-    from appliance.cli import requeue_orphaned_runs
+    from appliance.controller import requeue_orphaned_runs
 
     store, dead_run, _, _ = make_run(tmp_path)
     dead = subprocess.Popen(["true"])
@@ -151,7 +151,7 @@ def test_a_new_controller_requeues_only_runs_whose_controller_is_gone(tmp_path):
 def test_a_run_whose_controller_on_another_host_stopped_beating_goes_back_to_the_queue(tmp_path):
     import time
 
-    from appliance.cli import requeue_orphaned_runs
+    from appliance.controller import requeue_orphaned_runs
 
     store, _, cfg, _ = make_run(tmp_path, max_candidates=1)
     runs = {name: make_run(tmp_path, max_candidates=1)[1] for name in ("beating", "silent")}
