@@ -451,7 +451,8 @@ def test_cpu_burner_is_stopped_by_the_cpu_limit_and_named(appliance, softmax_tas
     assert (result["verdict"], result["stage"]) == ("cpu_limit", "correctness"), result["reason"]
     assert "CPU-time limit of 8 s" in result["reason"]
     assert result["wall_s"]["candidate"] < 60  # the CPU limit stopped it, not the wall clock
-    honest_still_passes(appliance, softmax_task)
+    if not ignore:  # (once is enough: the two ways end in the same kill)
+        honest_still_passes(appliance, softmax_task)
 
 
 def test_fork_bomb_without_a_pids_controller_is_stopped_by_rlimit_nproc(appliance, softmax_task, tmp_path,
