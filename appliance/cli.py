@@ -319,7 +319,8 @@ def optimize(
             from_compile = start_from is not None and str(start_from) == "compile"
             if from_compile:
                 start_from = None
-            seed_file = start_from or (s.suite_dir.parent / "baselines" / task.name)  # the bundled baseline
+            bundled = task.resolve().parent == s.suite_dir.resolve()  # (a softmax.py of yours is not the suite's)
+            seed_file = start_from or (s.suite_dir.parent / "baselines" / task.name if bundled else None)
             chosen = proposer or ("llm" if s.llm_url else "tune")
             names = parse_names(chosen)
             seed_proposer = "seed"
@@ -333,7 +334,7 @@ def optimize(
                                      "or use --proposer llm")
             # The bundled baseline, unless the tuner is in the run and could not tune it (then every proposer
             # starts from torch.compile's kernels, which declare their launch configs).
-            if not from_compile and seed_file.is_file() and ("tune" not in names or start_from is not None
+            if not from_compile and seed_file is not None and seed_file.is_file() and ("tune" not in names or start_from is not None
                                                              or _declares_tunables(seed_file)):
                 seed_source, seed_path, seed_note = (seed_file.read_text(errors="replace"), str(seed_file.resolve()),
                                                      "seed candidate")
