@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -216,7 +216,7 @@ class Optimizer:
             finally:
                 # What was started finishes and is recorded (a pause or a shutdown loses no evaluation in flight).
                 failure = None
-                for future in list(in_flight):
+                for future in as_completed(list(in_flight)):  # each stored as it ends, not behind a slower one
                     candidate, _ = in_flight.pop(future)
                     try:
                         self._record(candidate, future.result())

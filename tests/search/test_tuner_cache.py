@@ -95,3 +95,22 @@ def test_a_stored_run_replays_as_an_evaluator_of_its_recorded_outcomes(tmp_path)
     (tmp_path / "new.py").write_text("x = 1\n")
     with pytest.raises(KeyError, match="no recorded outcome"):
         replay.evaluate(None, tmp_path / "new.py")
+
+
+def test_evaluations_in_flight_when_a_budget_ends_are_stored_as_each_ends(tmp_path):
+    """The drain after a budget records each evaluation as it finishes, not in the order they started: one slow
+    evaluation must not hold finished ones unstored (a kill during the drain would lose them)."""
+    import time
+
+    fast = settings_evaluator()
+    store, run_id, cfg, seed = make_run(tmp_path, max_candidates=100, batch=3, islands=1, max_wall_s=1.5)
+
+    def decide(source: str) -> Outcome:
+        if current_values(source) == current_values(seed):
+            time.sleep(4.0)  # the seed: the slowest of the evaluations in flight
+        return fast.decide(source)
+
+    Optimizer(store, run_id, load_task(SOFTMAX), [ReplayEvaluator(decide=decide, gpu=0, slots=4)],
+              [TuneProposer(random.Random(run_id))], cfg, tmp_path / "work").run()
+    stored = sorted((e.created_at, c.generation) for c, e in store.run_candidates(run_id) if e is not None)
+    assert len(stored) >= 2 and stored[-1][1] == 0, stored  # the seed's, begun first, stored last
