@@ -334,8 +334,8 @@ def optimize(
                                      "or use --proposer llm")
             # The bundled baseline, unless the tuner is in the run and could not tune it (then every proposer
             # starts from torch.compile's kernels, which declare their launch configs).
-            if not from_compile and seed_file is not None and seed_file.is_file() and ("tune" not in names or start_from is not None
-                                                             or _declares_tunables(seed_file)):
+            usable = seed_file is not None and seed_file.is_file() and not from_compile
+            if usable and ("tune" not in names or start_from is not None or _declares_tunables(seed_file)):
                 seed_source, seed_path, seed_note = (seed_file.read_text(errors="replace"), str(seed_file.resolve()),
                                                      "seed candidate")
             else:  # no kernel the proposer can work on: torch.compile's own, written out (an LLM's parent too)
