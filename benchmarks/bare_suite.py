@@ -7,7 +7,9 @@ Each problem in benchmarks/bare/ is a KernelBench-style file with no manifest; b
 honest Triton kernel for it. Both go through the jailed pipeline, then a wrong variant of the same kernel (one
 change, below). One Markdown row per problem: the derived shapes (and any dropped), the honest kernel's verdict
 and margin (its largest error as a fraction of the bound, over every shape and seed: 1.0 would fail), and the
-variant's verdict and the shape that caught it. On the CPU the kernels run in Triton's interpreter.
+variant's verdict and the shape that caught it, and the device time the derived shapes cost: the honest kernel's
+evaluation against the same file checked at its main shape only (a manifest that asks for nothing more). On the CPU
+the kernels run in Triton's interpreter.
 """
 
 from __future__ import annotations
