@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -222,11 +223,16 @@ def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone
     neighbour = TurnRecord()
     pipeline.gate.admit(neighbour, 1)  # another evaluation's process, resident while the first check runs ...
 
+    def ran_out() -> bool:  # os.walk, not rglob: folders the evaluation removes mid-walk must not end the watch
+        return any("ran-out-once" in files for _, _, files in os.walk(tmp_path))
+
     def leave_once_the_check_ran_out():  # ... so that the retry, which waits for the device to itself, can start
-        deadline = time.monotonic() + 120
-        while next(tmp_path.rglob("ran-out-once"), None) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pipeline.gate.leave(neighbour)
+        try:
+            deadline = time.monotonic() + 120
+            while not ran_out() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:  # whatever happens here, the neighbour leaves: else the retry waits for the device forever
+            pipeline.gate.leave(neighbour)
 
     threading.Thread(target=leave_once_the_check_ran_out, daemon=True).start()
     outcome = pipeline.evaluate(task, candidate("good"))
