@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,13 +19,14 @@ from rich.table import Table
 
 from appliance.config import Settings
 from appliance.errors import ApplianceError
-from appliance.evaluation.host_memory import HostMemory
+from appliance import executors
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
 from appliance.model_cli import model_app
 from appliance.search.loop import OptimizeConfig, Summary
-from appliance.proposers.mix import build as build_proposers, parse_names, uses_llm
+from appliance.proposers.mix import build as build_proposers, parse_names
+from appliance.search.seeding import choose_seed, starts_from
 from appliance.evaluation.timings import CPU_TIMING_NOTE
-from appliance.tasks import load_task, reference_seed
+from appliance.tasks import load_task
 
 app = typer.Typer(help="Kernel Optimizer Appliance: verified GPU kernel speedups, on your own hardware.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -38,7 +38,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object in
 
 
 def _use_executor(value: Optional[str]) -> None:
-    """--executor beats APPLIANCE_EXECUTOR (an option callback: _pipelines reads it from the settings)."""
+    """--executor beats APPLIANCE_EXECUTOR (an option callback: executors.pipelines reads it from the settings)."""
     if value:
         state.settings.executor = value
 
@@ -316,40 +316,9 @@ def optimize(
             if task is None:
                 raise ApplianceError("give a TASK file, or --resume RUN")
             t = load_task(task)
-            from_compile = start_from is not None and str(start_from) == "compile"
-            if from_compile:
-                start_from = None
-            bundled = task.resolve().parent == s.suite_dir.resolve()  # (a softmax.py of yours is not the suite's)
-            seed_file = start_from or (s.suite_dir.parent / "baselines" / task.name if bundled else None)
-            chosen = proposer or ("llm" if s.llm_url else "tune")
-            names = parse_names(chosen)
-            seed_proposer = "seed"
-            if start_from is not None and not start_from.is_file():
-                raise ApplianceError(f"--from {start_from}: no such file")
-            if start_from is not None and names == ["tune"] and not _tunable(start_from):
-                raise ApplianceError(f"the tuner changes a kernel's declared TUNABLES, or the literal block sizes, "
-                                     f"num_warps and num_stages of its Triton launches, and {start_from} has none: "
-                                     "declare them (appliance/proposers/tune.py says how), leave out --from "
-                                     "to start from torch.compile's kernels (which declare their launch configs), "
-                                     "or use --proposer llm")
-            # The bundled baseline, unless the tuner is in the run and could not tune it (then every proposer
-            # starts from torch.compile's kernels, which declare their launch configs).
-            usable = seed_file is not None and seed_file.is_file() and not from_compile
-            if usable and ("tune" not in names or start_from is not None or _declares_tunables(seed_file)):
-                seed_source, seed_path, seed_note = (seed_file.read_text(errors="replace"), str(seed_file.resolve()),
-                                                     "seed candidate")
-            else:  # no kernel the proposer can work on: torch.compile's own, written out (an LLM's parent too)
-                captured = _compile_seed(t, device, mode, gpus, unsafe_no_jail or s.unsafe_no_jail, as_json)
-                if captured.source is not None:
-                    seed_source, seed_path, seed_note, seed_proposer = captured.source, None, captured.note, "compile"
-                elif uses_llm(names):
-                    # The LLM starts from the reference itself (which fails the gate as a library fallback; its
-                    # first proposals are built on it and on that verdict).
-                    seed_source, seed_path, seed_note = reference_seed(t), None, "the task's reference, as ModelNew"
-                else:
-                    raise ApplianceError(f"no seed candidate: {captured.failure}. Give --from FILE (a ModelNew that "
-                                         "passes the gate), or serve an LLM (APPLIANCE_LLM_URL, `appliance model "
-                                         "serve`) and use --proposer llm, which can start from the reference")
+            names = parse_names(proposer or ("llm" if s.llm_url else "tune"))
+            start = choose_seed(s, task, t, start_from, names, device, mode, gpus, unsafe_no_jail or s.unsafe_no_jail,
+                                None if as_json else _say_plain)
             config = OptimizeConfig(proposer=",".join(names), max_candidates=max_candidates or 20,
                                     max_gpu_seconds=max_gpu_seconds, max_wall_s=max_wall, max_tokens=max_tokens,
                                     batch=batch, islands=islands, seed=seed, device=device, mode=mode,
@@ -357,8 +326,8 @@ def optimize(
                                     stop_at_roofline=0.95 if stop_at_roofline is None else stop_at_roofline or None)
             row = store.get_or_add_task(t.name, str(t.path), t.source, t.manifest_text)
             run = store.add_run(row.id, "optimize", config_dict(config))
-            store.add_candidate(run.id, row.id, seed_source, path=seed_path, proposer=seed_proposer, status="queued",
-                                island=0, generation=0, note=seed_note)
+            store.add_candidate(run.id, row.id, start.source, path=start.path, proposer=start.proposer,
+                                status="queued", island=0, generation=0, note=start.note)
             if queue:
                 store.update_run(run.id, status="queued", config=config_dict(config) | {"controller": True})
                 print(json.dumps({"run_id": run.id, "status": "queued"}) if as_json else
@@ -366,7 +335,7 @@ def optimize(
                 return
         try:
             proposers = _proposers(config)  # (an LLM run with no endpoint fails here, before any worker starts)
-            pipelines = _pipelines(config, gpus, unsafe_no_jail or s.unsafe_no_jail)
+            pipelines = executors.pipelines(s, config, gpus, unsafe_no_jail or s.unsafe_no_jail, _say)
         except ApplianceError:
             if run.status == "created":  # made by this command: not left `created` forever (`runs` shows why)
                 store.update_run(run.id, status="failed")
@@ -380,7 +349,8 @@ def optimize(
                 status = spinner.update
             optimizer = Optimizer(store, run.id, t, pipelines, proposers, config,
                                   s.home / "runs" / str(run.id), log,
-                                  screens=_screens(config, pipelines, unsafe_no_jail or s.unsafe_no_jail),
+                                  screens=executors.compile_screens(s, config, pipelines,
+                                                                    unsafe_no_jail or s.unsafe_no_jail, _say),
                                   status=status)
             summary = optimizer.run()
     except ApplianceError as e:
@@ -448,12 +418,12 @@ def _controller_loop(store, stop, poll: float, supervisor, metrics, unsafe_no_ja
 
     def run_one(run) -> str:
         config = OptimizeConfig.from_dict(run.config)
-        pipelines = _pipelines(config, None, unsafe_no_jail, supervisor)
+        pipelines = executors.pipelines(s, config, None, unsafe_no_jail, _say, supervisor)
         optimizer = Optimizer(store, run.id, _task_of_run(store, run), pipelines, _proposers(config), config,
                               s.home / "runs" / str(run.id),
                               log=lambda line, rid=run.id: err.print(f"run {rid}: {_plain(line)}", highlight=False),
                               metrics=metrics, should_stop=stop.is_set,
-                              screens=_screens(config, pipelines, unsafe_no_jail))
+                              screens=executors.compile_screens(s, config, pipelines, unsafe_no_jail, _say))
         return optimizer.run().status
 
     serve_queue(store, stop, poll, run_one, log=lambda line: err.print(line, highlight=False))
@@ -481,7 +451,7 @@ def submit(
         row = store.add_candidate(run.id, run.task_id, candidate.read_text(errors="replace"),
                                   path=str(candidate.resolve()), proposer="manual", status="queued", island=0,
                                   note=f"submitted by hand: {candidate.name}")
-        optimizer = Optimizer(store, run.id, t, _pipelines(config, None, s.unsafe_no_jail), [], config,
+        optimizer = Optimizer(store, run.id, t, executors.pipelines(s, config, None, s.unsafe_no_jail, _say), [], config,
                               s.home / "runs" / str(run.id))
         optimizer.evaluate([row])
         ranked = [c.id for c, e in sorted(((c, e) for c, e in store.run_candidates(run.id)
@@ -532,60 +502,6 @@ def _task_of_run(store, run):
     return t
 
 
-def _pipelines(config: OptimizeConfig, gpus: Optional[str], unsafe: bool, supervisor=None) -> list[Pipeline]:
-    """One pipeline (worker) per evaluation GPU, or one for the CPU; each with `workers` evaluations in flight.
-    With a `supervisor` (the controller) or `--executor workers`: each a worker process (appliance/worker.py);
-    with a Ray executor: one per GPU of the Ray cluster (appliance/ray_executor.py); else in this process."""
-    from appliance.evaluation.pipeline import default_slots, resolve_device
-
-    s = state.settings
-    on_ray = s.executor not in ("local", "workers")
-    if on_ray:
-        from appliance import ray_executor
-
-        if gpus:
-            raise ApplianceError("--gpus is for local workers; on Ray each worker host says which GPUs it lends "
-                                 "(`ray start --num-gpus`, CUDA_VISIBLE_DEVICES)")
-        dev = ray_executor.cluster_device(s.executor, config.device)  # the cluster's GPUs, not this host's
-    else:
-        dev = resolve_device(config.device)
-    if dev == "cuda" and not on_ray:
-        import torch
-
-        llm_gpu = s.llm_gpu or ""  # the GPU vLLM serves from never evaluates
-        indices = ([int(g) for g in gpus.split(",")] if gpus else
-                   [i for i in range(torch.cuda.device_count()) if str(i) != llm_gpu])
-        if not indices:
-            raise ApplianceError(f"no evaluation GPU: the only GPU is the LLM's (APPLIANCE_LLM_GPU={llm_gpu}); "
-                                 "pass --gpus or --device cpu")
-    else:
-        indices = [None]
-    if config.workers:
-        slots = config.workers
-    elif on_ray:
-        slots = ray_executor.default_slots_on_cluster(s.executor, dev)  # from the GPU hosts, not this one
-    else:
-        slots = default_slots(0 if dev != "cuda" else len(indices))
-    if unsafe:
-        err.print("[bold red]UNSAFE: --unsafe-no-jail: candidates run WITHOUT the jail.[/]")
-    settings = EvalSettings(device=dev, mode=config.mode, baselines=("eager", "compile") if dev == "cuda" else ("eager",),
-                            timing_budget_s=config.timing_budget_s, jobs_dir=s.jobs_dir, state_dir=s.home,
-                            host_memory_bytes=s.host_memory_bytes,
-                            profile=config.profile and dev == "cuda", reuse_inputs=True)
-    if on_ray:
-        return ray_executor.ray_pipelines(s.executor, settings, slots, unsafe)
-    if supervisor is None and s.executor == "workers":
-        from appliance.worker import WorkerSupervisor
-
-        # Not persistent: the workers it starts stop when the run closes its pipelines.
-        supervisor = WorkerSupervisor(s.home, log=lambda line: err.print(f"workers: {line}", highlight=False,
-                                                                      soft_wrap=True))
-    if supervisor is not None:
-        return supervisor.pipelines(indices, settings, slots, unsafe)
-    memory = HostMemory(s.host_memory_bytes)  # this process's evaluations, on every GPU it uses
-    return [Pipeline(s.jail(g, unsafe), settings, slots=slots, host_memory=memory) for g in indices]
-
-
 @app.command()
 def worker(
     gpu: Annotated[str, typer.Option(help="The evaluation GPU this worker owns (nvidia-smi index), or cpu.")],
@@ -632,48 +548,13 @@ def worker(
         raise typer.Exit(3)
 
 
-def _screens(config: OptimizeConfig, pipelines: list, unsafe: bool) -> list:
-    """Compile-only checks on the Ray cluster's CPU-only nodes (evaluation/compile_screen.py), for candidates that
-    may not build (the LLM's) on a cluster whose evaluation workers hold GPUs; none otherwise."""
-    from appliance import ray_executor
-
-    s = state.settings
-    on_ray = s.executor not in ("local", "workers")  # (as _pipelines decides)
-    on_gpus = [p for p in pipelines if on_ray and p.gpu is not None]
-    if parse_names(config.proposer) == ["tune"] or not on_gpus:
-        return []
-    try:
-        archs = {p.arch() for p in on_gpus}
-        if len(archs) != 1:  # kernels for one architecture may not build for another: no one answer to check
-            err.print(f"compile-only checks are off: the GPU workers differ in architecture ({sorted(archs)})",
-                      highlight=False)
-            return []
-        arch = archs.pop()
-        screens = ray_executor.compile_screens(s.executor, arch, unsafe) if arch else []
-    except Exception as e:  # noqa: BLE001 - without screening a run is slower, never wrong
-        err.print(f"compile-only checks on CPU-only nodes are off: {type(e).__name__}: {e}", highlight=False)
-        return []
-    if screens:
-        err.print(f"{len(screens)} CPU-only node(s) check that candidates build for sm_{arch} before the GPUs see "
-                  "them", highlight=False)
-    return screens
+def _say(line: str) -> None:
+    """A line for the operator on stderr (rich markup)."""
+    err.print(line, highlight=False, soft_wrap=True)
 
 
-def _compile_seed(task, device: str, mode: Optional[str], gpus: Optional[str], unsafe: bool, quiet: bool):
-    """torch.compile's kernels for `task`, captured jailed on the device the run evaluates on."""
-    from appliance.evaluation.pipeline import resolve_device
-    from appliance.proposers.compile_seed import compile_seed
-
-    s = state.settings
-    dev = resolve_device(device)
-    gpu = int(gpus.split(",")[0]) if dev == "cuda" and gpus else (0 if dev == "cuda" else None)
-    if not quiet:
-        err.print("no seed kernel: writing out torch.compile's own Triton kernels for every shape the gate checks "
-                  "(jailed) ...", highlight=False)
-    seed = compile_seed(task, s.jail(gpu, unsafe), s.jobs_dir, dev, mode or ("full" if dev == "cuda" else "small"))
-    if not quiet:
-        err.print(_plain(f"seed: {seed.note}" if seed.source else seed.failure), highlight=False, soft_wrap=True)
-    return seed
+def _say_plain(line: str) -> None:
+    err.print(_plain(line), highlight=False, soft_wrap=True)
 
 
 def _proposers(config: OptimizeConfig) -> list:
@@ -722,7 +603,7 @@ def tasks(as_json: JsonFlag = False) -> None:
             "sizes": t.sizes, "small_sizes": t.shapes("small")[0].sizes,
             "extra_shapes": [s.name for s in t.manifest.shapes],
             "baseline": str(baseline) if baseline.is_file() else None,
-            "optimise_with": _optimise_with(baseline),
+            "optimise_with": starts_from(baseline),
         })
     if as_json:
         print(json.dumps(rows))
@@ -738,34 +619,6 @@ def tasks(as_json: JsonFlag = False) -> None:
         table.add_row(r["name"], r["description"], r["dtype"] or "as get_inputs", sizes,
                       ", ".join(r["extra_shapes"]), r["optimise_with"])
     out.print(table)
-
-
-def _optimise_with(baseline: Path) -> str:
-    """What `optimize TASK` (no --from) starts from, for each proposer."""
-    if not baseline.is_file():
-        return "tune, llm: from torch.compile's kernels (the compile seed)"
-    if _declares_tunables(baseline):
-        return "tune, llm: from the bundled baseline"
-    return "tune: from torch.compile's kernels (the baseline declares no TUNABLES); llm: from the bundled baseline"
-
-
-def _tunable(path: Path) -> bool:
-    """Whether the tuner can work on this kernel: declared TUNABLES, or launch parameters it can find."""
-    from appliance.proposers.tune import tunable
-
-    try:
-        return tunable(path.read_text(errors="replace"))
-    except OSError:
-        return False
-
-
-def _declares_tunables(path: Path) -> bool:
-    from appliance.proposers.tune import TuneError, read_tunables
-
-    try:
-        return bool(read_tunables(path.read_text(errors="replace")))
-    except (TuneError, OSError):
-        return False
 
 
 @app.command()
@@ -829,8 +682,8 @@ def runs(
 
     store = _store()
     rows = store.list_runs(limit=limit)
-    yields = {r.id: run_yields((store.get_run(r.id).config or {}), store.run_candidates(r.id)) if r.kind == "optimize"
-              else [] for r in rows}
+    summaries = store.runs_summaries([r.id for r in rows if r.kind == "optimize"])
+    yields = {r.id: run_yields(*summaries[r.id]) if r.id in summaries else [] for r in rows}
     if as_json:
         print(json.dumps([_asdict(r) | {"proposers": [y.as_dict() for y in yields[r.id]]} for r in rows],
                          default=str))

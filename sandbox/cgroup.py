@@ -73,6 +73,25 @@ class JobCgroup:
                     pass
             time.sleep(0.02)
 
+    def freeze(self, frozen: bool) -> None:
+        """Stop (or let go on) every process in the job, including ones that left the session or the process
+        group: cgroup v2's freezer, else SIGSTOP / SIGCONT to each of its processes, again until none is new (a
+        fork between listing and stopping). Without a job cgroup the jail stops the process group instead."""
+        if self.version == 2 and (self.dirs["memory"] / "cgroup.freeze").exists():
+            _try_write(self.dirs["memory"] / "cgroup.freeze", "1" if frozen else "0")
+            return
+        sig, done = (signal.SIGSTOP if frozen else signal.SIGCONT), set()
+        for _ in range(100):
+            new = [pid for pid in self.pids() if pid not in done]
+            if not new:
+                return
+            for pid in new:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+                done.add(pid)
+
     def pids(self) -> list[int]:
         try:
             return [int(p) for p in (self.dirs.get("pids", self.dirs["memory"]) / "cgroup.procs").read_text().split()]

@@ -37,6 +37,14 @@ Turns are recorded per process (seconds waited, seconds held exclusively, joules
 waited for admission, most other residents seen): GPU-seconds and energy are charged for exclusive time only, so
 evaluations that overlap are not charged twice. Waiting exclusive turns go first: light use never starves measuring.
 
+A measurement is also taken with the host quiet of our other work: while a process holds an exclusive turn, every
+other evaluation's jailed processes (registered by the jail, `pause_during_measurements`) are stopped (cgroup
+freezer, else SIGSTOP), and go on when the turn ends. Other evaluations' compiles, imports and checks would
+otherwise share the CPUs with the measured round trips, and the baselines (measured with the device to themselves)
+would be timed under other conditions than the candidates. Nor can another evaluation's candidate launch work into
+someone's measurement: it is stopped. The processes of the measuring evaluation (its referee and kernel server share
+a group) run on. Seconds stopped are the others' doing: the jail adds them to the process's deadline.
+
 The harness side is `sandbox.harness.common.device_turn()` and `device_memory_freed()`, used by the referee alone (a
 candidate's kernel server holds no turn pipes: the referee decides when it runs); processes that measure from
 start to end (baselines, ceilings, Nsight Compute) are run with `exclusive=True`: resident and holding an exclusive
@@ -50,6 +58,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 ENV_FDS = "APPLIANCE_TURN_FDS"  # "REQUEST_FD,GRANT_FD" inside the jail
 
@@ -64,6 +73,7 @@ class TurnRecord:
     resident_wait_s: float = 0.0  # waiting to be admitted (the memory budget)
     neighbours: int = 0  # the most other residents present at once while this process was resident
     admitting_since: float | None = None  # monotonic time it began to wait for admission, while it waits
+    group: str | None = None  # the evaluation it belongs to: its exclusive turns stop every other group's processes
 
     def admission_s(self) -> float:
         """Seconds waited for admission so far, the wait in progress included."""
@@ -92,6 +102,9 @@ class DeviceGate:
     _shared_waiting: int = field(default=0, repr=False)
     _state_s: dict = field(default_factory=dict, repr=False)  # seconds the device spent in each state (occupancy)
     _state_since: float = field(default_factory=time.monotonic, repr=False)
+    _pausable: dict = field(default_factory=dict, repr=False)  # a jailed process tree (pause(), resume()) -> group
+    _paused: list = field(default_factory=list, repr=False)  # those stopped for the exclusive turn in progress
+    _measuring: object = field(default=None, repr=False)  # the group of the exclusive turn in progress
 
     def _millijoules(self) -> int | None:
         return self.energy_meter.millijoules() if self.energy_meter is not None else None
@@ -126,6 +139,24 @@ class DeviceGate:
                 del self._residents[record]
                 self._cond.notify_all()
 
+    def pause_during_measurements(self, process, group: str) -> Callable[[], None]:
+        """Register a jailed process tree (`process.pause()`, `process.resume()`): stopped during every exclusive
+        turn of another group, from now on (at once if one is in progress). Returns what unregisters it (and lets it
+        go on, if stopped)."""
+        with self._cond:
+            self._pausable[process] = group
+            if self._exclusive and self._measuring != group:
+                process.pause()
+                self._paused.append(process)
+
+        def unregister() -> None:
+            with self._cond:
+                self._pausable.pop(process, None)
+                if process in self._paused:
+                    self._paused.remove(process)
+                    process.resume()
+        return unregister
+
     def residents(self) -> int:
         with self._cond:
             return len(self._residents)
@@ -147,6 +178,11 @@ class DeviceGate:
                 self._account()
                 self._exclusive_waiting -= 1
                 self._exclusive = True
+                self._measuring = record.group
+                for process, group in self._pausable.items():  # the host quiet of our other work while it measures
+                    if group != record.group:
+                        process.pause()
+                        self._paused.append(process)
             else:
                 self._account()
                 self._shared_waiting += 1
@@ -171,7 +207,10 @@ class DeviceGate:
         with self._cond:
             self._account()
             if exclusive:
-                self._exclusive = False
+                for process in self._paused:
+                    process.resume()
+                self._paused.clear()
+                self._exclusive, self._measuring = False, None
             else:
                 self._shared -= 1
             self._cond.notify_all()
@@ -204,16 +243,17 @@ class DeviceGate:
         with self._cond:
             return not self._exclusive and self._shared == 0
 
-    def open_channel(self, resident_bytes: int | None = 0) -> TurnChannel:
-        """The pipes of one process that will hold `resident_bytes` of device memory (None: the whole device)."""
-        return TurnChannel(self, resident_bytes)
+    def open_channel(self, resident_bytes: int | None = 0, group: str | None = None) -> TurnChannel:
+        """The pipes of one process that will hold `resident_bytes` of device memory (None: the whole device), of
+        evaluation `group`."""
+        return TurnChannel(self, resident_bytes, group)
 
 
 class TurnChannel:
     """The pipes between one harness process and the gate, and the thread that serves its requests."""
 
-    def __init__(self, gate: DeviceGate, resident_bytes: int | None = 0):
-        self.gate, self.record, self.resident_bytes = gate, TurnRecord(), resident_bytes
+    def __init__(self, gate: DeviceGate, resident_bytes: int | None = 0, group: str | None = None):
+        self.gate, self.record, self.resident_bytes = gate, TurnRecord(group=group), resident_bytes
         self._request_r, self.request_w = os.pipe()
         self.grant_r, self._grant_w = os.pipe()
         self._thread: threading.Thread | None = None

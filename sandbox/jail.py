@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import glob
+import itertools
 import os
 import random
 import resource
@@ -83,6 +84,7 @@ class JailResult:
     limits: dict = field(default_factory=dict)  # what was enforced, for the record
     turns: dict | None = None  # device turns taken (sandbox/gate.py): waited, held, joules while held
     cpu_s: float | None = None  # CPU seconds of the whole tree (its cgroup's count; unjailed: the reaped tree's)
+    paused_s: float = 0.0  # seconds stopped while other evaluations measured (sandbox/gate.py)
 
     @property
     def signal(self) -> int | None:
@@ -228,7 +230,8 @@ class Jail:
     def run(self, argv: list[str], *, workdir: Path, ro: list[Path] = (), rw: list[Path] = (),
             env: dict[str, str] | None = None, timeout_s: float = 600.0, gate: DeviceGate | None = None,
             exclusive: bool = False, resident_bytes: int | None = 0, disk_bytes: int | None = None,
-            extra_fds: tuple[int, ...] = (), stop: threading.Event | None = None) -> JailResult:
+            extra_fds: tuple[int, ...] = (), stop: threading.Event | None = None, group: str | None = None,
+            paused_by: DeviceGate | None = None) -> JailResult:
         """Run argv with `workdir` (writable, also HOME/TMPDIR/caches), `rw` writable and `ro` read-only paths.
         Together, workdir and rw may hold `disk_bytes` (default: the jail's disk_bytes; the caller, who knows what
         the job must write, may set its own).
@@ -237,15 +240,21 @@ class Jail:
         `exclusive`, holds one from start to end. It holds `resident_bytes` of device memory while resident (None:
         the whole device); with `exclusive`, from start to end too.
 
+        With a `gate` (or `paused_by`, for a process that takes no turns itself, such as a kernel server), the
+        process is stopped while another `group` (evaluation) holds an exclusive turn; processes of one evaluation
+        share a group (default: one of its own).
+
         `extra_fds` (a socket to the process's peer) are passed in and closed here once the child has them, or when
         nothing could start. Setting `stop` kills the process early (its peer is done with it)."""
         workdir = Path(workdir)
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
-        channel = gate.open_channel(resident_bytes) if gate is not None and not exclusive else None
+        quiet = gate if gate is not None else paused_by
+        group = group or f"{os.getpid()}-{next(_GROUPS)}"
+        channel = gate.open_channel(resident_bytes, group) if gate is not None and not exclusive else None
         full_env = self._env(workdir) | (env or {}) | (channel.env() if channel else {})
         disk = disk_bytes or self.disk_bytes
         limits = self._limits(timeout_s, disk)
-        record, held, cgroup = TurnRecord(), None, None
+        record, held, cgroup = TurnRecord(group=group), None, None
         owned = list(extra_fds)  # _run empties it once the child has them
         if gate is not None and exclusive:
             gate.admit(record, resident_bytes)
@@ -256,7 +265,7 @@ class Jail:
             if gate is not None and exclusive:
                 held = gate.acquire(record)
             result = self._run(argv, workdir, list(ro), list(rw), full_env, timeout_s, limits, cgroup, channel, disk,
-                               owned, stop)
+                               owned, stop, (quiet, group) if quiet is not None else None)
         except BaseException:
             for fd in owned:
                 os.close(fd)
@@ -277,7 +286,7 @@ class Jail:
 
     def _run(self, argv, workdir: Path, ro, rw, full_env: dict, timeout_s: float, limits: dict,
              cgroup: JobCgroup | None, channel: TurnChannel | None, disk: int, extra_fds: list[int] | None = None,
-             stop: threading.Event | None = None) -> JailResult:
+             stop: threading.Event | None = None, quiet: tuple[DeviceGate, str] | None = None) -> JailResult:
         extra_fds = extra_fds if extra_fds is not None else []
         pass_fds: tuple[int, ...] = channel.child_fds if channel else ()
         uid_lock, identity = None, None
@@ -334,15 +343,19 @@ class Jail:
                 channel.start()
             reaper = _Reaper(proc)
             out, err = _Drain(proc.stdout), _Drain(proc.stderr)
+            pausable = _Pausable(proc, reaper, cgroup)
+            unregister = quiet[0].pause_during_measurements(pausable, quiet[1]) if quiet else None
             ended = None
             try:
-                ended = _wait(reaper, timeout_s, channel, watch, stop)
+                ended = _wait(reaper, timeout_s, channel, watch, stop, pausable)
             finally:
                 # bwrap is the PID-namespace init: killing its group takes down every descendant, setsid or not;
                 # the cgroup catches whatever escaped (unsafe mode, or a process that outlived its namespace).
                 _kill_group(proc, reaper)
                 if cgroup:
                     cgroup.kill_all()
+                if unregister:
+                    unregister()
             out.join(), err.join()
             events = cgroup.events() if cgroup else {}
             cpu_s = cgroup.cpu_seconds() if cgroup else None
@@ -364,7 +377,7 @@ class Jail:
             returncode=proc.returncode, timed_out=ended == "timeout", wall_s=time.monotonic() - start,
             stdout=out.text(), stderr=err.text(), jailed=not self.unsafe_no_jail,
             output_bytes=out.total + err.total, limit_events=events, limits=limits,
-            cpu_s=cpu_s if cpu_s is not None else reaper.cpu_s,
+            cpu_s=cpu_s if cpu_s is not None else reaper.cpu_s, paused_s=round(pausable.paused_s(), 3),
         )
 
     def _identity(self, uid: int | None) -> Identity:
@@ -586,6 +599,42 @@ class _Reaper:
             self.done.set()
 
 
+class _Pausable:
+    """One jailed process tree, stopped while another evaluation measures (sandbox/gate.py): its job cgroup frozen,
+    else (no cgroup: unsafe modes) its process group stopped."""
+
+    def __init__(self, proc: subprocess.Popen, reaper: _Reaper, cgroup: JobCgroup | None):
+        self.proc, self.reaper, self.cgroup = proc, reaper, cgroup
+        self.total, self.since = 0.0, None
+
+    def pause(self) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            self._signal(True)
+
+    def resume(self) -> None:
+        if self.since is not None:
+            self._signal(False)
+            self.total += time.monotonic() - self.since
+            self.since = None
+
+    def paused_s(self) -> float:
+        since = self.since
+        return self.total + (time.monotonic() - since if since is not None else 0.0)
+
+    def _signal(self, stop: bool) -> None:
+        if self.cgroup is not None:
+            self.cgroup.freeze(stop)
+        elif not self.reaper.done.is_set():  # (once reaped, its pid may be someone else's)
+            try:
+                os.killpg(self.proc.pid, signal.SIGSTOP if stop else signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+_GROUPS = itertools.count()  # a fresh group per jailed run that names none
+
+
 def _mem_total() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -695,14 +744,15 @@ class _Drain:
 
 
 def _wait(reaper: _Reaper, timeout_s: float, channel: TurnChannel | None, disk: _DiskWatch,
-          stop: threading.Event | None = None) -> str | None:
+          stop: threading.Event | None = None, pausable: _Pausable | None = None) -> str | None:
     """Wait for the process for `timeout_s` of its own time, measuring its writable folders as it goes: None when it
-    ended, "timeout" or "disk" when it must be killed. Seconds it waited to be admitted to the device's memory
-    (sandbox/gate.py) are the other evaluations' doing, not its own: they extend the deadline, up to `timeout_s`
-    more (a backstop should admission never come)."""
+    ended, "timeout" or "disk" when it must be killed. Seconds it waited to be admitted to the device's memory, or
+    stopped while others measured (sandbox/gate.py), are the other evaluations' doing, not its own: they extend the
+    deadline, up to `timeout_s` more (a backstop should admission never come)."""
     start = time.monotonic()
     while True:
-        queued = min(channel.record.admission_s(), timeout_s) if channel else 0.0
+        others = (channel.record.admission_s() if channel else 0.0) + (pausable.paused_s() if pausable else 0.0)
+        queued = min(others, timeout_s)
         remaining = start + timeout_s + queued - time.monotonic()
         if remaining <= 0:
             return "timeout"

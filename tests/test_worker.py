@@ -163,7 +163,7 @@ def _key(home) -> bytes:
 def test_the_hosts_jail_limits_reach_searches_and_worker_processes(home, softmax_task, monkeypatch):
     """APPLIANCE_JAIL_* are read once, in Settings, by whichever process evaluates: a search in this process and a
     worker process alike (before, only `eval` passed limits to the jail; the rest got the defaults)."""
-    from appliance import cli
+    from appliance import executors
     from appliance.config import Settings
     from appliance.search.loop import OptimizeConfig
 
@@ -171,8 +171,7 @@ def test_the_hosts_jail_limits_reach_searches_and_worker_processes(home, softmax
     monkeypatch.setenv("APPLIANCE_JAIL_PIDS", "77")
     monkeypatch.setenv("APPLIANCE_JAIL_DISK_GIB", "2")
     monkeypatch.setenv("APPLIANCE_JAIL_CPU_SECONDS", "900")
-    monkeypatch.setattr(cli.state, "settings", Settings.load(), raising=False)
-    [local] = cli._pipelines(OptimizeConfig(device="cpu"), None, False)
+    [local] = executors.pipelines(Settings.load(), OptimizeConfig(device="cpu"), None, False, print)
     assert (local.jail.memory_bytes, local.jail.pids_max, local.jail.disk_bytes, local.jail.cpu_seconds) == \
         (3 << 30, 77, 2 << 30, 900)
     local.close()

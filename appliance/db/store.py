@@ -29,6 +29,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event, func, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import defer
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, col, select
 
@@ -463,6 +464,22 @@ class Store:
             query = (select(Candidate, Evaluation).outerjoin(Evaluation, col(Evaluation.candidate_id) == Candidate.id)
                      .where(Candidate.run_id == run_id).order_by(col(Candidate.id)))
             return [(c, e) for c, e in session.exec(query).all()]
+
+    def runs_summaries(self, run_ids: list[int]) -> dict[int, tuple[dict, list[tuple[Candidate, Evaluation | None]]]]:
+        """Each run's config and its candidates with their evaluations (as run_candidates), for many runs in two
+        queries and without the candidates' sources: what a list of runs summarises (who proposed what, how it
+        did) reads no code."""
+        if not run_ids:
+            return {}
+        with self._read() as session:
+            configs = session.exec(select(Run.id, Run.config).where(col(Run.id).in_(run_ids))).all()
+            out = {run_id: (config or {}, []) for run_id, config in configs}
+            query = (select(Candidate, Evaluation).outerjoin(Evaluation, col(Evaluation.candidate_id) == Candidate.id)
+                     .where(col(Candidate.run_id).in_(run_ids)).options(defer(Candidate.source))
+                     .order_by(col(Candidate.id)))
+            for c, e in session.exec(query).all():
+                out[c.run_id][1].append((c, e))
+        return out
 
     def get_candidate(self, candidate_id: int) -> Candidate | None:
         with self._read() as session:

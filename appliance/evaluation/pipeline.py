@@ -41,6 +41,11 @@ from sandbox.gate import DeviceGate
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
+# An evaluation holds, per shape, a batch's inputs and outputs, the referee's private copy of the inputs, the
+# server's outputs, and the float64 reference of one call (residency.py): several times one call's bytes.
+TOO_BIG_HINT = ("One evaluation holds several times a call's inputs and outputs (timing pool, private copy, "
+                "outputs, float64 check): give the task smaller sizes (its module-level sizes, or a manifest's "
+                "[[shapes]]), or evaluate it on a GPU with more memory")
 
 
 @dataclass
@@ -485,6 +490,7 @@ class Pipeline:
 
         ours, theirs = socket.socketpair()
         stop, server_run = threading.Event(), {}
+        group = str(workdir)  # referee and kernel server: not stopped by each other's measurements
 
         def serve() -> None:
             try:
@@ -492,7 +498,7 @@ class Pipeline:
                     [*(server_prefix(server_dir) if server_prefix else ()), _python(), "-m", "sandbox.harness.server",
                      spec["device"]], workdir=server_dir,
                     ro=server_ro, env={REFEREE_FD: str(theirs.fileno())}, extra_fds=(theirs.detach(),),
-                    timeout_s=timeout, stop=stop)
+                    timeout_s=timeout, stop=stop, paused_by=self.gate, group=group)
             except BaseException as exc:  # noqa: BLE001 - raised below, in the evaluating thread
                 server_run["error"] = exc
 
@@ -502,7 +508,7 @@ class Pipeline:
             run = self.jail.run([_python(), "-m", "sandbox.harness.referee", str(spec_path)], workdir=referee_dir,
                                 env={SERVER_FD: str(ours.fileno())}, extra_fds=(ours.detach(),),
                                 timeout_s=timeout + self.settings.reference_timeout_s, gate=self.gate,
-                                exclusive=exclusive, resident_bytes=resident_bytes)
+                                exclusive=exclusive, resident_bytes=resident_bytes, group=group)
         finally:
             server.join(timeout=SERVER_GRACE_S)  # it was told to exit; one that does not is stopped
             stop.set()
@@ -510,7 +516,8 @@ class Pipeline:
         if "error" in server_run:
             raise server_run["error"]
         wall[label] = round(wall.get(label, 0.0) + run.wall_s, 2)
-        turns.append(run.turns or {})
+        server_paused = server_run["run"].paused_s if "run" in server_run else 0.0
+        turns.append((run.turns or {}) | {"paused_s": run.paused_s + server_paused})
         result = read_result(result_path)
         if result and result.get("status") == "out_of_memory" and (run.turns or {}).get("neighbours"):
             return self._session(task, spec, job, server_ro=server_ro, timeout=timeout, wall=wall, turns=turns,
@@ -518,7 +525,7 @@ class Pipeline:
                                  workdir=workdir)
         if result and result.get("status") == "out_of_memory":
             raise TaskError(str(task.path), f"the reference ({label}) ran out of device memory with the device to "
-                                            f"itself: {str(result.get('message'))[:600]}")
+                                            f"itself: {str(result.get('message'))[:600]}. {TOO_BIG_HINT}")
         if run.timed_out:
             raise TaskError(str(task.path), f"the reference ({label}) did not finish within "
                                             f"{timeout + self.settings.reference_timeout_s:.0f} s")
@@ -629,7 +636,7 @@ class Pipeline:
                                 workdir=workdir, ro=list(ro), rw=list(rw), timeout_s=timeout, gate=self.gate,
                                 exclusive=exclusive, resident_bytes=resident)
             wall[args[0]] = round(wall.get(args[0], 0.0) + run.wall_s, 2)
-            turns.append(run.turns or {})
+            turns.append((run.turns or {}) | {"paused_s": run.paused_s})
             return run, read_result(result_path)
 
         run, result = once(resident_bytes)
@@ -639,7 +646,7 @@ class Pipeline:
             run, result = once(None)
         if result and result.get("status") == "out_of_memory":
             raise TaskError(str(task.path), f"the reference ({args[0]}) ran out of device memory with the device to "
-                                            f"itself: {str(result.get('message'))[:600]}")
+                                            f"itself: {str(result.get('message'))[:600]}. {TOO_BIG_HINT}")
         if run.timed_out:
             raise TaskError(str(task.path), f"the reference ({args[0]}) did not finish within {timeout:.0f} s")
         for event, limit, setting in (("disk_limit", "disk_bytes", "APPLIANCE_JAIL_DISK_GIB"),
@@ -717,6 +724,8 @@ def _sum_turns(turns: list[dict]) -> dict:
             "joules": round(sum(joules), 3) if joules else None,
             "resident_wait_s": round(sum(t.get("resident_wait_s", 0.0) for t in turns), 3),
             "neighbours": max((t.get("neighbours", 0) for t in turns), default=0),
+            # stopped while other evaluations measured (sandbox/gate.py), referee and kernel server each
+            "paused_s": round(sum(t.get("paused_s", 0.0) for t in turns), 3),
             "held_s_by_process": [t.get("held_s", 0.0) for t in turns]}
 
 

@@ -70,6 +70,12 @@ def _driver():
 def _check(result, call: str):
     """cuda-python returns (CUresult, *outputs): raises unless CUDA_SUCCESS, else returns the output(s)."""
     err, out = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
+    if err == _driver().CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+        # The same error as torch's: the referee reports it as out of memory (run again alone beside others, the
+        # task's error alone), not as a crash of the trusted side.
+        import torch
+
+        raise torch.OutOfMemoryError(f"CUDA out of memory: {call} failed ({getattr(err, 'name', err)})")
     if err != _driver().CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{call} failed: {getattr(err, 'name', err)}")
     return out[0] if len(out) == 1 else out or None
@@ -104,7 +110,7 @@ class Pool:
         try:
             if pool._cuda:
                 drv, prop, size = pool._cuda_setup()
-                pool._handle = _check(drv.cuMemCreate(size, prop, 0), "cuMemCreate")
+                pool._handle = _check(drv.cuMemCreate(size, prop, 0), f"cuMemCreate of {size / 2**30:.3g} GiB")
                 pool._cuda_map(size)
             else:
                 pool._fd = os.memfd_create("pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)

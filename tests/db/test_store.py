@@ -3,6 +3,7 @@ linked, counted and ordered."""
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC
 from pathlib import Path
@@ -233,3 +234,33 @@ def test_concurrent_writers_add_a_task_once(db_url: str, tmp_path: Path) -> None
     assert len(ids) == 1
     for store in stores:
         store.close()
+
+
+def test_a_list_of_runs_reads_their_candidates_in_a_fixed_few_queries_and_no_code(store: Store, tmp_path: Path) -> None:
+    """`appliance runs` summarises every listed run's proposers: one query per run (and every candidate's source)
+    made the list slow on a database of long runs."""
+    from sqlalchemy import event
+
+    task = store.get_or_add_task("relu", tmp_path / "relu.py", REFERENCE, "")
+    runs = [store.add_run(task.id, "optimize", {"proposer": "tune"}) for _ in range(5)]
+    for run in runs:
+        evaluate(store, run.id, task.id, "pass", 1.5, proposer="tune")
+        store.add_candidate(run.id, task.id, "# queued\n", proposer="tune")
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:
+        statements.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        summaries = store.runs_summaries([r.id for r in runs])
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+    assert len([s for s in statements if s.lstrip().upper().startswith("SELECT")]) == 2, statements
+    selected = [s.split("FROM")[0] for s in statements]
+    assert not any(re.search(r"candidate\.source\b(?!_)", s) for s in selected), selected
+    for run in runs:
+        config, rows = summaries[run.id]
+        assert config == {"proposer": "tune"} and len(rows) == 2
+        assert [e is not None for _, e in rows] == [True, False]
+    assert store.runs_summaries([]) == {}

@@ -254,17 +254,23 @@ def test_a_check_that_runs_out_of_device_memory_beside_others_is_run_again_alone
 def test_an_evaluation_takes_a_fixed_few_turns(softmax_task, tmp_path):
     """Every turn waits behind the measurements in progress: the referee takes one shared turn per correctness call
     (3 shapes x 2 seeds), one for running the reference at every shape, and per shape a shared one for the first
-    call and an exclusive one for timing; the first evaluation is also charged the prepare made ahead (one exclusive process), and shows where its time went."""
+    call and an exclusive one for timing; the first evaluation is also charged the prepare made ahead (one exclusive process), and shows where its time went.
+    Its processes (referee and kernel server) stand still while another evaluation measures, and say for how long."""
     from appliance.tasks import load_task
+    from sandbox.gate import TurnRecord
 
     pipeline = _pipeline(tmp_path, slots=1)
     task = load_task(softmax_task)
     pipeline.prepare(task)
+    other = TurnRecord(group="another evaluation")
+    held = pipeline.gate.acquire(other)  # another evaluation measures as this one starts, for 1.5 s
+    threading.Timer(1.5, pipeline.gate.release, args=(other, held)).start()
     outcome = pipeline.evaluate(task, candidate("good"))
     pipeline.close()
     assert outcome.verdict == "pass", outcome.reason
     assert len(outcome.details["cases"]) == 6
     assert outcome.details["device_turns"]["turns"] == 6 + 1 + 3 * 2 + 1, outcome.details["device_turns"]
+    assert outcome.details["device_turns"]["paused_s"] >= 2.0, outcome.details["device_turns"]  # both, ~1.5 s each
     assert {"load", "eager", "cpu_s"} <= set(outcome.details["stage_s"]["prepare"]), outcome.details
 
 

@@ -326,3 +326,59 @@ def test_occupancy_accounts_for_each_state_of_the_device():
     assert states["shared, a measurement waiting"] >= 0.2 and states["measuring"] >= 0.1, states
     assert set(states) <= {"measuring", "shared", "shared, a measurement waiting", "idle, turns asked for", "idle"}
     assert sum(states.values()) == pytest.approx(time.monotonic() - t0, abs=0.05)
+
+
+# Inside the jail: ticks (a time stamp each ~20 ms) into ticks.txt, and the same from a child that left the process
+# group and the session (setsid) into child.txt: a process that hides from a process-group stop.
+TICKER = """
+import os, sys, time
+name = "child.txt" if os.fork() == 0 else "ticks.txt"
+if name == "child.txt":
+    os.setsid()
+for _ in range(int(sys.argv[1])):
+    with open(name, "a") as f:
+        f.write(f"{time.time()}\\n")
+    time.sleep(0.02)
+if name == "ticks.txt":
+    os.wait()
+"""
+
+
+def _ticks(path: Path) -> list[float]:
+    return [float(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def test_another_evaluations_processes_are_stopped_while_one_measures_and_not_charged_for_it(tmp_path):
+    """While a process of one evaluation holds an exclusive turn (a measurement), every other evaluation's jailed
+    processes stand still, a child that left the process group included (another candidate can launch nothing into
+    the measurement, nor share its CPUs), and go on afterwards; the seconds stopped extend their deadline."""
+    from sandbox.gate import TurnRecord
+
+    gate, workdir, done = DeviceGate(), tmp_path / "other", {}
+    workdir.mkdir()
+    ticker = threading.Thread(target=lambda: done.update(run=Jail().run(
+        [sys.executable, "-c", TICKER, "50"], workdir=workdir, paused_by=gate, group="other", timeout_s=2.5)))
+    ticker.start()
+    deadline = time.monotonic() + 30
+    while not (_ticks(workdir / "ticks.txt") and _ticks(workdir / "child.txt")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    measuring = TurnRecord(group="measuring")
+    held = gate.acquire(measuring)
+    stopped_at = time.time()
+    time.sleep(2.0)
+    went_on_at = time.time()
+    gate.release(measuring, held)
+    ticker.join()
+    run = done["run"]
+    # ~1 s of its own work and 2 s stopped: past its 2.5 s, but the stop was the measurement's doing
+    assert run.returncode == 0 and not run.timed_out, run.stderr
+    assert run.paused_s >= 1.9, run.paused_s
+    for name in ("ticks.txt", "child.txt"):
+        ticks = _ticks(workdir / name)
+        assert ticks and ticks[-1] > went_on_at, f"{name} never went on: {ticks[-3:]}"
+        during = [t for t in ticks if stopped_at + 0.1 < t < went_on_at]
+        assert not during, f"{name} ticked {len(during)} times during the measurement"
+    # its own group's measurements do not stop it
+    again = Jail().run([sys.executable, "-c", "import time; time.sleep(0.5)"], workdir=tmp_path / "own",
+                       gate=gate, exclusive=True, group="own")
+    assert again.returncode == 0 and again.paused_s == 0.0, again

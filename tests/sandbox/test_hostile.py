@@ -394,24 +394,26 @@ def appliance_env_file():
         path.parent.rmdir()
 
 
-@pytest.mark.parametrize("target,write", [("/proc/sys/kernel/core_pattern", True), ("/proc/sysrq-trigger", True),
-                                          ("/proc/sys/vm/drop_caches", True), ("/etc/shadow", False),
-                                          ("/etc/gshadow", False), ("/etc/appliance/appliance.env", False),
-                                          ("home:appliance.db", False),
-                                          ("/root/.ssh", False), ("/sys/fs/cgroup", False)])
+HOST_TARGETS = [("/proc/sys/kernel/core_pattern", True), ("/proc/sysrq-trigger", True), ("/proc/sys/vm/drop_caches", True),
+                ("/etc/shadow", False), ("/etc/gshadow", False), ("/etc/appliance/appliance.env", False),
+                ("home:appliance.db", False), ("/root/.ssh", False), ("/sys/fs/cgroup", False)]
+
+
 def test_host_files_are_neither_writable_nor_readable_from_the_jail(appliance, softmax_task, home, tmp_path,
-                                                                     appliance_env_file, target, write):
+                                                                     appliance_env_file):
     """As root (CI) too: the jail is never host root, /proc/sys is read-only to it, /etc is an allowlist, and the
-    appliance's home (its database) is not mounted."""
-    path = str(home / target.split(":", 1)[1]) if target.startswith("home:") else target
+    appliance's home (its database) is not mounted. One candidate tries them all (one evaluation, not nine); it
+    passes if any open succeeds."""
+    targets = [(str(home / t.split(":", 1)[1]) if t.startswith("home:") else t, write) for t, write in HOST_TARGETS]
     appliance("runs")  # makes the database file, so that there is one to reach for
-    code, result = appliance.eval_json(softmax_task, hostile("host_access", tmp_path, target=path, write=write))
+    code, result = appliance.eval_json(softmax_task, hostile("host_access", tmp_path, targets=targets))
     assert code == 1
     # Refused (the jail refused an operation), or not there at all (a plain runtime error naming the missing file).
     assert (result["verdict"], result["stage"]) in {("sandbox_violation", "correctness"),
                                                      ("runtime_error", "correctness")}, result["reason"]
-    assert re.search(r"(Permission denied|No such file or directory|Read-only file system)", result["reason"]), \
-        result["reason"]
+    for target, _ in targets:
+        assert re.search(re.escape(target) + r": (Permission denied|No such file or directory|Read-only file system)",
+                         result["reason"]), (target, result["reason"])
 
 
 def test_disk_filler_is_killed_at_its_cap_and_the_host_keeps_its_space(appliance, softmax_task, home, tmp_path):

@@ -93,6 +93,18 @@ def test_cuda_pool_shared_with_a_child_process():
     _round_trip("cuda")
 
 
+@pytest.mark.gpu
+def test_a_device_pool_larger_than_the_gpu_is_out_of_memory_not_a_crash():
+    """The referee reports torch's OutOfMemoryError as the device being full (run again alone, else the task's
+    error, sandbox/harness/referee.py): a pool the GPU cannot hold must say the same, with its size."""
+    from sandbox.harness.task_code import device_out_of_memory
+
+    too_big = 2 * torch.cuda.get_device_properties(0).total_memory
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        Pool.create("cuda", too_big)
+    assert "cuMemCreate of" in device_out_of_memory(caught.value)
+
+
 def test_tensor_refuses_entries_past_the_end_or_misaligned():
     entries, _ = layout([("float32", (4,), None)])
     with Pool.create("cpu", 16) as pool:  # its usable size, though the memfd is a page
