@@ -93,6 +93,7 @@ class DeviceGate:
 
     energy_meter: object | None = None  # sandbox.harness.energy.EnergyMeter of the GPU, read around exclusive turns
     memory_bytes: int | None = None  # what residents may hold together; None: no bound
+    pause_others: bool = True  # stop other groups' processes during an exclusive turn
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
     _exclusive: bool = field(default=False, repr=False)
     _shared: int = field(default=0, repr=False)
@@ -145,7 +146,7 @@ class DeviceGate:
         go on, if stopped)."""
         with self._cond:
             self._pausable[process] = group
-            if self._exclusive and self._measuring != group:
+            if self.pause_others and self._exclusive and self._measuring != group:
                 process.pause()
                 self._paused.append(process)
 
@@ -180,7 +181,7 @@ class DeviceGate:
                 self._exclusive = True
                 self._measuring = record.group
                 for process, group in self._pausable.items():  # the host quiet of our other work while it measures
-                    if group != record.group:
+                    if self.pause_others and group != record.group:
                         process.pause()
                         self._paused.append(process)
             else:

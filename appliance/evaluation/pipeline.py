@@ -66,6 +66,9 @@ class EvalSettings:
     # What this host's evaluations may hold in host memory, in all (APPLIANCE_HOST_MEMORY_GIB; None: a share of
     # MemTotal). A fact of the host, like jobs_dir: not sent to workers, which read their own.
     host_memory_bytes: int | None = None
+    # Stop every other evaluation's processes while one measures (sandbox/gate.py): off only to measure what the
+    # quiet costs and buys (benchmarks/quiet_probe.py).
+    quiet_measurements: bool = True
 
 
 class Details(TypedDict, total=False):
@@ -207,7 +210,8 @@ class Pipeline:
             from sandbox.harness.energy import EnergyMeter
 
             meter = EnergyMeter(jail.gpu)
-        self.gate = DeviceGate(energy_meter=meter, memory_bytes=memory_budget(jail.gpu))
+        self.gate = DeviceGate(energy_meter=meter, memory_bytes=memory_budget(jail.gpu),
+                               pause_others=settings.quiet_measurements)
         # One process's pipelines share one (cli.py); a worker process per GPU takes its GPU's share of the host's.
         self.host_memory = host_memory or HostMemory(settings.host_memory_bytes,
                                                      share=1 / evaluation_gpus() if jail.gpu is not None else 1.0)
