@@ -382,3 +382,36 @@ def test_another_evaluations_processes_are_stopped_while_one_measures_and_not_ch
     again = Jail().run([sys.executable, "-c", "import time; time.sleep(0.5)"], workdir=tmp_path / "own",
                        gate=gate, exclusive=True, group="own")
     assert again.returncode == 0 and again.paused_s == 0.0, again
+
+
+class _Recorder:
+    """Stands where a jailed process tree would (the gate only calls pause() and resume())."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+
+@pytest.mark.parametrize("pause_others", [True, False])
+def test_an_exclusive_turn_stops_other_groups_only_and_shared_turns_stop_nobody(pause_others):
+    from sandbox.gate import TurnRecord
+
+    gate = DeviceGate(pause_others=pause_others)
+    mine, other, late = _Recorder(), _Recorder(), _Recorder()
+    gate.pause_during_measurements(mine, "a")
+    leave_other = gate.pause_during_measurements(other, "b")
+    shared = gate.acquire(TurnRecord(group="b"), exclusive=False)
+    gate.release(TurnRecord(group="b"), shared)
+    assert mine.calls == other.calls == []  # shared turns (correctness) leave everyone running
+    held = gate.acquire(TurnRecord(group="a"))
+    gate.pause_during_measurements(late, "c")  # started during the measurement: stopped at once
+    leave_other()  # one that ends during the measurement goes on (is let go) as it leaves
+    gate.release(TurnRecord(group="a"), held)
+    assert mine.calls == []
+    assert other.calls == (["pause", "resume"] if pause_others else [])
+    assert late.calls == (["pause", "resume"] if pause_others else [])
