@@ -481,6 +481,10 @@ class Referee:
                   "origin": shape.get("origin", ""), "timed": shape.get("timed", True),
                   "distribution": shape["distribution"]["kind"], "layout": shape["layout"]}
         del model, result, outs
+        # Kept for its shapes, dtypes and non-tensor values only (every call draws its own inputs): on the meta
+        # device, so that no shape's example holds device memory for the rest of the run (KernelBench's ReLU draws
+        # 6 GiB an input).
+        example = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in example]
         return {"shape": shape, "example": example, "outputs": outputs, "record": record}
 
     # --- roles -----------------------------------------------------------------------------------------------
