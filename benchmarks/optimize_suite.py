@@ -91,7 +91,8 @@ def where_time_went(details: list[dict], host_busy: float | None) -> str:
             f"(referee CPU {median([c.get('referee') for c in cpu])}), device held "
             f"{median([t.get('held_s') for t in turns])}, "
             f"waited for turns {median([t.get('wait_s') for t in turns])}, for memory "
-            f"{median([t.get('resident_wait_s') for t in turns])}; at most {most + 1} resident at once; host CPUs "
+            f"{median([t.get('resident_wait_s') for t in turns])}, stopped while others measured "
+            f"{median([t.get('paused_s') for t in turns])}; at most {most + 1} resident at once; host CPUs "
             f"{fmt(host_busy, '.0%')} busy over the run ({len(os.sched_getaffinity(0))} cores)"
             + device_states(details) + host_memory(details))
 
