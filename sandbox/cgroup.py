@@ -37,7 +37,12 @@ class JobCgroup:
         try:
             for ctrl, parent in parents.items():
                 d = parent / name
-                d.mkdir(exist_ok=True)
+                try:
+                    d.mkdir(exist_ok=True)
+                except OSError:
+                    if ctrl == "freezer":  # optional: without it a measurement stops the process group instead
+                        continue
+                    raise
                 dirs[ctrl] = d
             mem = dirs["memory"]
             if version == 1:
@@ -62,7 +67,7 @@ class JobCgroup:
         """SIGKILL every process in the job, including ones that left the session or the process group."""
         if self.version == 2 and (self.dirs["memory"] / "cgroup.kill").exists():
             _try_write(self.dirs["memory"] / "cgroup.kill", "1")
-        for _ in range(100):
+        for attempt in range(100):
             pids = self.pids()
             if not pids:
                 return
@@ -71,26 +76,30 @@ class JobCgroup:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            if attempt == 0 and "freezer" in self.dirs:  # v1: a frozen task dies of SIGKILL only once thawed
+                _try_write(self.dirs["freezer"] / "freezer.state", "THAWED")
             time.sleep(0.02)
 
-    def freeze(self, frozen: bool) -> None:
-        """Stop (or let go on) every process in the job, including ones that left the session or the process
-        group: cgroup v2's freezer, else SIGSTOP / SIGCONT to each of its processes, again until none is new (a
-        fork between listing and stopping). Without a job cgroup the jail stops the process group instead."""
+    def freeze(self, frozen: bool) -> bool:
+        """Stop (or let go on) every process in the job, including ones that left the session or the process group
+        and ones forking meanwhile: cgroup v2's cgroup.freeze, or v1's freezer controller (polled until FROZEN).
+        False where neither is there (the jail then stops the process group, which `setsid` escapes: such a host's
+        measurements are not quiet of every process)."""
         if self.version == 2 and (self.dirs["memory"] / "cgroup.freeze").exists():
             _try_write(self.dirs["memory"] / "cgroup.freeze", "1" if frozen else "0")
-            return
-        sig, done = (signal.SIGSTOP if frozen else signal.SIGCONT), set()
-        for _ in range(100):
-            new = [pid for pid in self.pids() if pid not in done]
-            if not new:
-                return
-            for pid in new:
+            return True
+        if "freezer" in self.dirs:
+            state = self.dirs["freezer"] / "freezer.state"
+            _try_write(state, "FROZEN" if frozen else "THAWED")
+            for _ in range(250):  # FREEZING while a task is in the middle of something; a second at most
                 try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-                done.add(pid)
+                    if not frozen or state.read_text().strip() == "FROZEN":
+                        break
+                except OSError:
+                    break
+                time.sleep(0.004)
+            return True
+        return False
 
     def pids(self) -> list[int]:
         try:
@@ -140,7 +149,8 @@ def _parents() -> tuple[int, dict[str, Path]]:
         for c in ctrls.split(",") if ctrls else [""]:
             own[c] = path.lstrip("/")
     if (ROOT / "memory").is_dir() and "memory" in own:
-        return 1, {c: ROOT / c / own[c] for c in ("memory", "pids", "cpuacct") if c in own and (ROOT / c).is_dir()}
+        return 1, {c: ROOT / c / own[c] for c in ("memory", "pids", "cpuacct", "freezer")
+                   if c in own and (ROOT / c).is_dir()}
     unified = ROOT / "unified" if (ROOT / "unified").is_dir() else ROOT
     base = unified / own.get("", "")
     controllers = (base / "cgroup.controllers").read_text().split() if (base / "cgroup.controllers").exists() else []

@@ -38,12 +38,15 @@ waited for admission, most other residents seen): GPU-seconds and energy are cha
 evaluations that overlap are not charged twice. Waiting exclusive turns go first: light use never starves measuring.
 
 A measurement is also taken with the host quiet of our other work: while a process holds an exclusive turn, every
-other evaluation's jailed processes (registered by the jail, `pause_during_measurements`) are stopped (cgroup
-freezer, else SIGSTOP), and go on when the turn ends. Other evaluations' compiles, imports and checks would
-otherwise share the CPUs with the measured round trips, and the baselines (measured with the device to themselves)
-would be timed under other conditions than the candidates. Nor can another evaluation's candidate launch work into
-someone's measurement: it is stopped. The processes of the measuring evaluation (its referee and kernel server share
-a group) run on. Seconds stopped are the others' doing: the jail adds them to the process's deadline.
+other evaluation's jailed processes (registered by the jail, `pause_during_measurements`) are stopped (their job
+cgroup frozen, else their process group stopped), and go on when the turn ends, or after MAX_QUIET_S of one turn
+(a turn that long, a whole prepare or profile, or a hung candidate's, must not stop everyone else's work: the rest
+of it is not quiet, and its record says so). Other evaluations' compiles, imports and checks would otherwise share
+the CPUs with the measured round trips, and the baselines (measured with the device to themselves) would be timed
+under other conditions than the candidates. A stopped candidate launches no new GPU work into the measurement;
+kernels it queued before it was stopped still run (the GPU time-slices them with the measured ones). The
+processes of the measuring evaluation (its referee and kernel server share a group) run on. Seconds stopped are the
+others' doing: the jail adds them to the process's deadline, and the referee counts only its running time.
 
 The harness side is `sandbox.harness.common.device_turn()` and `device_memory_freed()`, used by the referee alone (a
 candidate's kernel server holds no turn pipes: the referee decides when it runs); processes that measure from
@@ -61,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 ENV_FDS = "APPLIANCE_TURN_FDS"  # "REQUEST_FD,GRANT_FD" inside the jail
+MAX_QUIET_S = 120.0  # one exclusive turn stops the other evaluations' processes for at most this long
 
 
 @dataclass(eq=False)
@@ -74,6 +78,7 @@ class TurnRecord:
     neighbours: int = 0  # the most other residents present at once while this process was resident
     admitting_since: float | None = None  # monotonic time it began to wait for admission, while it waits
     group: str | None = None  # the evaluation it belongs to: its exclusive turns stop every other group's processes
+    quiet_cut: int = 0  # its exclusive turns that outlasted MAX_QUIET_S (the others went on before it ended)
 
     def admission_s(self) -> float:
         """Seconds waited for admission so far, the wait in progress included."""
@@ -84,7 +89,8 @@ class TurnRecord:
         return {"turns": self.turns, "wait_s": round(self.wait_s, 3), "held_s": round(self.held_s, 3),
                 "shared_s": round(self.shared_s, 3),
                 "joules": None if self.joules is None else round(self.joules, 3),
-                "resident_wait_s": round(self.resident_wait_s, 3), "neighbours": self.neighbours}
+                "resident_wait_s": round(self.resident_wait_s, 3), "neighbours": self.neighbours,
+                "quiet_cut": self.quiet_cut}
 
 
 @dataclass
@@ -106,6 +112,7 @@ class DeviceGate:
     _pausable: dict = field(default_factory=dict, repr=False)  # a jailed process tree (pause(), resume()) -> group
     _paused: list = field(default_factory=list, repr=False)  # those stopped for the exclusive turn in progress
     _measuring: object = field(default=None, repr=False)  # the group of the exclusive turn in progress
+    _quiet: object = field(default=None, repr=False)  # (turn token, record, timer) of the turn keeping others stopped
 
     def _millijoules(self) -> int | None:
         return self.energy_meter.millijoules() if self.energy_meter is not None else None
@@ -146,17 +153,44 @@ class DeviceGate:
         go on, if stopped)."""
         with self._cond:
             self._pausable[process] = group
-            if self.pause_others and self._exclusive and self._measuring != group:
-                process.pause()
-                self._paused.append(process)
+            if self._quiet is not None and self._measuring != group:
+                self._pause(process)
 
         def unregister() -> None:
             with self._cond:
                 self._pausable.pop(process, None)
                 if process in self._paused:
                     self._paused.remove(process)
-                    process.resume()
+                    _quietly(process.resume)
         return unregister
+
+    def _pause(self, process) -> None:
+        self._paused.append(process)  # (first: resumed at the end even if stopping it half failed)
+        _quietly(process.pause)
+
+    def _end_quiet(self, turn: object | None = None) -> None:
+        """Let every stopped process go on (under the lock): the turn ended, or (`turn`, MAX_QUIET_S ran out) only
+        if that very turn still keeps them stopped."""
+        if self._quiet is None or (turn is not None and self._quiet[0] is not turn):
+            return
+        _, record, timer = self._quiet
+        if turn is not None:
+            record.quiet_cut += 1
+        else:
+            timer.cancel()
+        for process in self._paused:
+            _quietly(process.resume)
+        self._paused.clear()
+        self._quiet = None
+
+    def _cut_quiet(self, turn: object) -> None:
+        with self._cond:
+            self._end_quiet(turn)
+
+    def stopped(self, group: str) -> bool:
+        """Whether `group`'s processes are stopped now (another group measures, quietly)."""
+        with self._cond:
+            return self._quiet is not None and self._measuring != group
 
     def residents(self) -> int:
         with self._cond:
@@ -180,10 +214,15 @@ class DeviceGate:
                 self._exclusive_waiting -= 1
                 self._exclusive = True
                 self._measuring = record.group
-                for process, group in self._pausable.items():  # the host quiet of our other work while it measures
-                    if self.pause_others and group != record.group:
-                        process.pause()
-                        self._paused.append(process)
+                if self.pause_others:  # the host quiet of our other work while it measures
+                    turn = object()
+                    timer = threading.Timer(MAX_QUIET_S, self._cut_quiet, args=(turn,))
+                    timer.daemon = True
+                    self._quiet = (turn, record, timer)
+                    for process, group in self._pausable.items():
+                        if group != record.group:
+                            self._pause(process)
+                    timer.start()
             else:
                 self._account()
                 self._shared_waiting += 1
@@ -208,9 +247,7 @@ class DeviceGate:
         with self._cond:
             self._account()
             if exclusive:
-                for process in self._paused:
-                    process.resume()
-                self._paused.clear()
+                self._end_quiet()
                 self._exclusive, self._measuring = False, None
             else:
                 self._shared -= 1
@@ -315,6 +352,15 @@ class TurnChannel:
                 self.gate.leave(self.record)
             _close(self._request_r)
             _close(self._grant_w)
+
+
+def _quietly(step: Callable[[], None]) -> None:
+    """Stopping or letting go on a process tree: a failure (it went away meanwhile) must never leave the gate's
+    state half changed (an exclusive turn set and never released would stop the device for good)."""
+    try:
+        step()
+    except Exception:  # noqa: BLE001 - see above
+        pass
 
 
 def _close(fd: int) -> None:

@@ -349,13 +349,15 @@ class Jail:
             try:
                 ended = _wait(reaper, timeout_s, channel, watch, stop, pausable)
             finally:
-                # bwrap is the PID-namespace init: killing its group takes down every descendant, setsid or not;
-                # the cgroup catches whatever escaped (unsafe mode, or a process that outlived its namespace).
-                _kill_group(proc, reaper)
-                if cgroup:
-                    cgroup.kill_all()
-                if unregister:
-                    unregister()
+                try:
+                    if unregister:  # first: no measurement stops it again while it is being killed
+                        unregister()
+                finally:
+                    # bwrap is the PID-namespace init: killing its group takes down every descendant, setsid or
+                    # not; the cgroup catches whatever escaped (unsafe mode, a process that outlived its namespace).
+                    _kill_group(proc, reaper)
+                    if cgroup:
+                        cgroup.kill_all()
             out.join(), err.join()
             events = cgroup.events() if cgroup else {}
             cpu_s = cgroup.cpu_seconds() if cgroup else None
@@ -600,8 +602,9 @@ class _Reaper:
 
 
 class _Pausable:
-    """One jailed process tree, stopped while another evaluation measures (sandbox/gate.py): its job cgroup frozen,
-    else (no cgroup: unsafe modes) its process group stopped."""
+    """One jailed process tree, stopped while another evaluation measures (sandbox/gate.py): its job cgroup frozen
+    (v2, or v1's freezer controller), else its process group stopped (a host without a freezer, unsafe modes:
+    `setsid` escapes that)."""
 
     def __init__(self, proc: subprocess.Popen, reaper: _Reaper, cgroup: JobCgroup | None):
         self.proc, self.reaper, self.cgroup = proc, reaper, cgroup
@@ -623,15 +626,16 @@ class _Pausable:
         return self.total + (time.monotonic() - since if since is not None else 0.0)
 
     def _signal(self, stop: bool) -> None:
-        if self.cgroup is not None:
-            self.cgroup.freeze(stop)
-        elif not self.reaper.done.is_set():  # (once reaped, its pid may be someone else's)
-            try:
+        try:
+            if self.cgroup is not None and self.cgroup.freeze(stop):
+                return
+            if not self.reaper.done.is_set():  # (once reaped, its pid may be someone else's)
                 os.killpg(self.proc.pid, signal.SIGSTOP if stop else signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        except OSError:  # gone meanwhile: nothing to stop or let go on
+            pass
 
 
+PAUSED_BACKSTOP = 4  # seconds stopped extend a deadline by at most this many timeouts
 _GROUPS = itertools.count()  # a fresh group per jailed run that names none
 
 
@@ -748,11 +752,12 @@ def _wait(reaper: _Reaper, timeout_s: float, channel: TurnChannel | None, disk: 
     """Wait for the process for `timeout_s` of its own time, measuring its writable folders as it goes: None when it
     ended, "timeout" or "disk" when it must be killed. Seconds it waited to be admitted to the device's memory, or
     stopped while others measured (sandbox/gate.py), are the other evaluations' doing, not its own: they extend the
-    deadline, up to `timeout_s` more (a backstop should admission never come)."""
+    deadline (admission up to `timeout_s` more, a backstop should it never come; stops, which the gate bounds per
+    measurement, up to PAUSED_BACKSTOP times `timeout_s`)."""
     start = time.monotonic()
     while True:
-        others = (channel.record.admission_s() if channel else 0.0) + (pausable.paused_s() if pausable else 0.0)
-        queued = min(others, timeout_s)
+        admission = min(channel.record.admission_s(), timeout_s) if channel else 0.0
+        queued = admission + (min(pausable.paused_s(), PAUSED_BACKSTOP * timeout_s) if pausable else 0.0)
         remaining = start + timeout_s + queued - time.monotonic()
         if remaining <= 0:
             return "timeout"

@@ -57,7 +57,8 @@ def test_turns_of_jailed_processes_never_overlap(tmp_path):
     assert len(intervals) == 6
     for (_, end), (start, _) in zip(intervals, intervals[1:]):
         assert start >= end, f"two turns overlapped: {intervals}"
-    assert sum(run.turns["wait_s"] for _, run in results) > 0.3  # someone had to wait: they really contended
+    # Someone had to wait, for a turn or (stopped while another measured) before it could even ask: they contended.
+    assert sum(run.turns["wait_s"] + run.paused_s for _, run in results) > 0.3, [r.turns for _, r in results]
 
 
 def test_a_process_that_dies_holding_a_turn_or_sends_garbage_cannot_block_the_device(tmp_path):
@@ -348,16 +349,53 @@ def _ticks(path: Path) -> list[float]:
     return [float(x) for x in path.read_text().split()] if path.exists() else []
 
 
-def test_another_evaluations_processes_are_stopped_while_one_measures_and_not_charged_for_it(tmp_path):
+# A tree that tries to outrun a stop: 512 MiB of private memory touched (each fork copies its page tables, so a fork
+# is slow and likely under way when a stop comes), then forks back to back, each child sending SIGCONT to every
+# process it may signal. Against a SIGSTOP per listed pid, the child of a fork in progress is listed too late and
+# lets the whole tree go on; a cgroup freezer stops forks too.
+FORKER = """
+import mmap, os, signal, sys, time
+ticker = os.fork()
+if ticker == 0:
+    for _ in range(int(sys.argv[1])):
+        with open("ticks.txt", "a") as f:
+            f.write(f"{time.time()}\\n")
+        time.sleep(0.02)
+    os._exit(0)
+m = mmap.mmap(-1, 512 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+for off in range(0, 512 << 20, 4096):
+    m[off] = 1
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+open("child.txt", "w").write(f"{time.time()}\\n")
+end = time.monotonic() + 4.0
+while time.monotonic() < end:
+    if os.fork() == 0:
+        try:
+            os.kill(-1, signal.SIGCONT)
+        except OSError:
+            pass
+        os._exit(0)
+try:
+    os.waitpid(ticker, 0)  # (children reap themselves: this waits for them all, then finds none)
+except ChildProcessError:
+    pass
+"""
+
+
+@pytest.mark.parametrize("script", ["ticker", "forker"])
+def test_another_evaluations_processes_are_stopped_while_one_measures_and_not_charged_for_it(tmp_path, script):
     """While a process of one evaluation holds an exclusive turn (a measurement), every other evaluation's jailed
-    processes stand still, a child that left the process group included (another candidate can launch nothing into
-    the measurement, nor share its CPUs), and go on afterwards; the seconds stopped extend their deadline."""
+    processes stand still, a child that left the process group and a tree forking to outrun the stop included
+    (another candidate can launch nothing into the measurement, nor share its CPUs), and go on afterwards; the
+    seconds stopped extend their deadline, even past the timeout itself."""
     from sandbox.gate import TurnRecord
 
     gate, workdir, done = DeviceGate(), tmp_path / "other", {}
     workdir.mkdir()
+    # the ticker: ~1 s of its own work under a 2.5 s timeout; the forker: ~4 s (the forks, then the ticks)
+    code, ticks, timeout = (TICKER, "40", 2.5) if script == "ticker" else (FORKER, "150", 10.0)
     ticker = threading.Thread(target=lambda: done.update(run=Jail().run(
-        [sys.executable, "-c", TICKER, "50"], workdir=workdir, paused_by=gate, group="other", timeout_s=2.5)))
+        [sys.executable, "-c", code, ticks], workdir=workdir, paused_by=gate, group="other", timeout_s=timeout)))
     ticker.start()
     deadline = time.monotonic() + 30
     while not (_ticks(workdir / "ticks.txt") and _ticks(workdir / "child.txt")) and time.monotonic() < deadline:
@@ -365,23 +403,87 @@ def test_another_evaluations_processes_are_stopped_while_one_measures_and_not_ch
     measuring = TurnRecord(group="measuring")
     held = gate.acquire(measuring)
     stopped_at = time.time()
-    time.sleep(2.0)
+    time.sleep(4.0)
     went_on_at = time.time()
     gate.release(measuring, held)
     ticker.join()
     run = done["run"]
-    # ~1 s of its own work and 2 s stopped: past its 2.5 s, but the stop was the measurement's doing
-    assert run.returncode == 0 and not run.timed_out, run.stderr
-    assert run.paused_s >= 1.9, run.paused_s
-    for name in ("ticks.txt", "child.txt"):
-        ticks = _ticks(workdir / name)
-        assert ticks and ticks[-1] > went_on_at, f"{name} never went on: {ticks[-3:]}"
-        during = [t for t in ticks if stopped_at + 0.1 < t < went_on_at]
-        assert not during, f"{name} ticked {len(during)} times during the measurement"
+    # the ticker: ~1 s of its own work and 4 s stopped, past twice its 2.5 s, but the stop was not its doing
+    assert run.returncode == 0 and not run.timed_out, (run.returncode, run.stderr)
+    assert run.paused_s >= 3.9, run.paused_s
+    ticks = _ticks(workdir / "ticks.txt")
+    assert ticks and ticks[-1] > went_on_at, f"it never went on: {ticks[-3:]}"
+    during = [t for t in ticks if stopped_at + 0.1 < t < went_on_at]
+    assert not during, f"it ticked {len(during)} times during the measurement"
+    if script == "ticker":
+        child = _ticks(workdir / "child.txt")
+        assert not [t for t in child if stopped_at + 0.1 < t < went_on_at], "the setsid child ran on"
     # its own group's measurements do not stop it
     again = Jail().run([sys.executable, "-c", "import time; time.sleep(0.5)"], workdir=tmp_path / "own",
                        gate=gate, exclusive=True, group="own")
     assert again.returncode == 0 and again.paused_s == 0.0, again
+
+
+def test_one_long_measurement_stops_the_others_for_at_most_max_quiet_s(monkeypatch):
+    """A turn that outlasts MAX_QUIET_S (a whole prepare, a candidate hung in a timed call) lets the others go on
+    and says so in its record; the next turn of the same process stops them again, for its own span only."""
+    from sandbox import gate as gate_module
+    from sandbox.gate import TurnRecord
+
+    monkeypatch.setattr(gate_module, "MAX_QUIET_S", 0.3)
+    gate, other = DeviceGate(), _Recorder()
+    gate.pause_during_measurements(other, "b")
+    record = TurnRecord(group="a")
+    held = gate.acquire(record)
+    assert gate.stopped("b") and not gate.stopped("a")
+    time.sleep(0.8)
+    assert other.calls == ["pause", "resume"] and record.quiet_cut == 1 and not gate.stopped("b")
+    gate.release(record, held)
+    held = gate.acquire(record)  # the same process's next turn: its own quiet, not cut by the first one's timer
+    gate.release(record, held)
+    time.sleep(0.5)
+    assert other.calls == ["pause", "resume"] * 2 and record.quiet_cut == 1, (other.calls, record.quiet_cut)
+
+
+# The referee's wait for an answer (sandbox/harness/referee.py Link), in a process the test stops for 4 s: its
+# timeout counts only the time it ran.
+WAITER = """
+import os, socket, sys, time
+from sandbox.harness.referee import Link
+a, b = socket.socketpair()
+a.settimeout(2.0)
+if os.fork() == 0:
+    time.sleep(5.5)
+    b.sendall(b"x")
+    os._exit(0)
+print("waiting", flush=True)
+t0 = time.monotonic()
+try:
+    Link(a)._wait_for_answer()
+    print("answered", round(time.monotonic() - t0, 1))
+except TimeoutError:
+    print("timed out", round(time.monotonic() - t0, 1))
+"""
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_the_referee_counts_only_its_running_time_waiting_for_an_answer(stopped):
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", WAITER], stdout=subprocess.PIPE, text=True,
+                            cwd=str(Path(__file__).resolve().parents[2]))
+    assert proc.stdout.readline().strip() == "waiting"
+    if stopped:  # as the gate stops it while another evaluation measures
+        time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(4.0)
+        os.kill(proc.pid, signal.SIGCONT)
+    said = proc.stdout.read().strip()
+    proc.wait(timeout=30)
+    # Stopped: ~1.5 s of its own waiting, under the 2 s timeout. Running throughout: 5.5 s is past it.
+    assert said.startswith("answered" if stopped else "timed out"), said
 
 
 class _Recorder:
