@@ -626,13 +626,11 @@ class _Pausable:
         return self.total + (time.monotonic() - since if since is not None else 0.0)
 
     def _signal(self, stop: bool) -> None:
-        try:
-            if self.cgroup is not None and self.cgroup.freeze(stop):
-                return
-            if not self.reaper.done.is_set():  # (once reaped, its pid may be someone else's)
-                os.killpg(self.proc.pid, signal.SIGSTOP if stop else signal.SIGCONT)
-        except OSError:  # gone meanwhile: nothing to stop or let go on
-            pass
+        """(A failure, the tree gone meanwhile, is the gate's to swallow: sandbox/gate.py `_quietly`.)"""
+        if self.cgroup is not None and self.cgroup.freeze(stop):
+            return
+        if not self.reaper.done.is_set():  # (once reaped, its pid may be someone else's)
+            os.killpg(self.proc.pid, signal.SIGSTOP if stop else signal.SIGCONT)
 
 
 PAUSED_BACKSTOP = 4  # seconds stopped extend a deadline by at most this many timeouts

@@ -102,10 +102,7 @@ def receive(sock: socket.socket, spin_s: float = 0.0) -> tuple[dict, list[int]]:
     """One message and the fds sent with it. EOFError when the other side closed; ProtocolError for anything
     malformed (the fds that came with it are closed). With `spin_s`, polls for that long before it blocks: a process
     woken from a blocking read after milliseconds of idling takes 0.1 ms or more to run, inside someone's clock."""
-    if spin_s > 0:
-        deadline = time.perf_counter() + spin_s
-        while not select.select([sock], [], [], 0)[0] and time.perf_counter() < deadline:
-            pass
+    spin(sock, spin_s)
     header, fds = _receive_exactly(sock, _HEADER.size, with_fds=True)
     try:
         (size,) = _HEADER.unpack(header)
@@ -117,6 +114,15 @@ def receive(sock: socket.socket, spin_s: float = 0.0) -> tuple[dict, list[int]]:
         for fd in fds:
             _close(fd)
         raise
+
+
+def spin(sock: socket.socket, spin_s: float) -> bool:
+    """Poll `sock` for up to `spin_s` seconds without sleeping: whether a message is there to read."""
+    deadline = time.perf_counter() + spin_s
+    while not select.select([sock], [], [], 0)[0]:
+        if time.perf_counter() >= deadline:
+            return False
+    return True
 
 
 def parse(body: bytes) -> dict:

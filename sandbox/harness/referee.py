@@ -126,10 +126,8 @@ class Link:
         """Poll for `spin_s` (an answer within it wakes no one), then wait for the answer for the socket's timeout
         of *running* time: a gap between two looks much longer than a look is time this process was stopped while
         another evaluation measured (sandbox/gate.py), which is no one's slowness here."""
-        deadline = time.perf_counter() + self.spin_s
-        while time.perf_counter() < deadline:
-            if select.select([self.sock], [], [], 0)[0]:
-                return
+        if protocol.spin(self.sock, self.spin_s):
+            return
         budget, waited, last = self.sock.gettimeout(), 0.0, time.monotonic()
         while not select.select([self.sock], [], [], WAIT_LOOK_S)[0]:
             now = time.monotonic()
