@@ -517,3 +517,32 @@ def test_an_exclusive_turn_stops_other_groups_only_and_shared_turns_stop_nobody(
     assert mine.calls == []
     assert other.calls == (["pause", "resume"] if pause_others else [])
     assert late.calls == (["pause", "resume"] if pause_others else [])
+
+
+class _Failing(_Recorder):
+    """A process tree whose stop and resume fail (gone meanwhile, a pid that is someone else's)."""
+
+    def pause(self) -> None:
+        super().pause()
+        raise PermissionError("not ours")
+
+    def resume(self) -> None:
+        super().resume()
+        raise ProcessLookupError("gone")
+
+
+def test_a_stop_or_resume_that_fails_leaves_the_gate_working():
+    """The reviewer's finding: a stop that raised inside acquire left the exclusive turn set with no one to release
+    it, and every later turn waited for ever."""
+    from sandbox.gate import TurnRecord
+
+    gate, failing, other = DeviceGate(), _Failing(), _Recorder()
+    gate.pause_during_measurements(failing, "b")
+    gate.pause_during_measurements(other, "c")
+    record = TurnRecord(group="a")
+    held = gate.acquire(record)
+    gate.release(record, held)
+    assert failing.calls == other.calls == ["pause", "resume"]
+    done = threading.Event()
+    threading.Thread(target=lambda: (gate.release(record, gate.acquire(record)), done.set()), daemon=True).start()
+    assert done.wait(5), "the next exclusive turn never came"
