@@ -63,7 +63,8 @@ def pipeline_repeats(task, baseline: Path, device: str, repeats: int, in_flight:
         walls.append(dict(outcome.details["wall_s"]) | {"held": outcome.details["device_turns"]["held_s"]})
         log(f"  {task.name} {i + 1}/{repeats}: {main['median_ms']:.4g} ms (iqr {main['iqr_ms']:.3g}, "
             f"{main['reps']} reps, " + ", ".join(f"{k} {main.get(k)}" for k in (
-                "calls_per_batch", "batches", "raw_window_ms", "tiny_ms", "stage_ms", "read_ms", "outputs_in_arena"))
+                "calls_per_batch", "batches", "raw_window_ms", "tiny_ms", "fixed_ms", "own_fixed_ms", "fixed_cap_ms",
+                "small_batch_ms", "large_batch_ms", "stage_ms", "read_ms", "outputs_in_arena"))
             + f"), walls {walls[-1]}, stages {outcome.details.get('stage_s')}, "
             f"held by process {outcome.details['device_turns'].get('held_s_by_process')}")
     return medians, walls, first.mode, per_eval_s

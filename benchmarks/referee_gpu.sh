@@ -17,7 +17,7 @@ except Exception as e:
     print("smoke: no JSON", e); sys.exit(0)
 print("smoke:", d["verdict"], d["stage"], d["reason"][:300])
 for t in d["timings"]:
-    print(" ", t["shape"], t["implementation"], t["median_ms"], {k: t.get(k) for k in ("batches", "calls_per_batch", "raw_window_ms", "tiny_ms", "stage_ms", "read_ms", "outputs_in_arena", "checked_calls", "energy_j_per_call")})
+    print(" ", t["shape"], t["implementation"], t["median_ms"], {k: t.get(k) for k in ("batches", "calls_per_batch", "raw_window_ms", "tiny_ms", "fixed_ms", "own_fixed_ms", "fixed_cap_ms", "small_batch_ms", "large_batch_ms", "stage_ms", "read_ms", "outputs_in_arena", "checked_calls", "energy_j_per_call")})
 PY
   tail -5 "$out/smoke.err"
 fi

@@ -63,7 +63,11 @@ TIMING_POOL_BYTES = {"cuda": 8 << 30, "cpu": 1 << 30}  # a timed batch's inputs 
 ARENA_SLACK_BYTES = 256 << 20  # of the arena, beyond twice the outputs of the largest batch: the calls' workspace
 CALIBRATION_ROUNDS = 21
 # No trusted calibration: nothing taken off.
-UNCALIBRATED = {"tiny_ms": 0.0, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 1}
+UNCALIBRATED = {"tiny_ms": 0.0, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 1, "fixed_ms": 0.0}
+# A batch's fixed cost taken off a candidate's windows: its own (the intercept), but never more than the trusted
+# server's plus this fraction of the candidate's smaller batch. A server that stalls its small batches to flatten
+# the line gains at most this much; an honest one whose intercept is noisy-high loses no more.
+FIXED_SLACK = 0.02
 SPIN_S = 0.05  # the referee polls this long for an answer before it blocks (GPU; see protocol.receive)
 ENERGY_WINDOW_S, ENERGY_MAX_BATCHES = 0.1, 30  # energy: calls over at least this long, or this many batches
 SETTLE_S = 0.02  # between an answer and the second look at its outputs
@@ -186,7 +190,10 @@ class Slots:
         ins = [entries[i * n_in:(i + 1) * n_in] for i in range(count)]
         outs = [entries[count * n_in + i * n_out:count * n_in + (i + 1) * n_out] for i in range(count)]
         self.entries = list(zip(ins, outs))
-        inputs_end = max((e["offset"] + e["nbytes"] for e in entries[:count * n_in]), default=0)
+        # Where the first i+1 calls' inputs end: a batch of the first k calls stages only theirs.
+        self._input_ends = [max((e["offset"] + e["nbytes"] for e in entries[:(i + 1) * n_in]), default=0)
+                            for i in range(count)]
+        inputs_end = self._input_ends[-1]
         self.pool = Pool.create(device, max(nbytes, 1))
         self.private = Pool.create(device, max(inputs_end, 1))  # never exported: the server cannot map it
         span = {"dtype": "uint8", "shape": [inputs_end], "strides": None, "offset": 0}
@@ -226,9 +233,11 @@ class Slots:
         for out in self.views[i][1]:
             out.reshape(-1).view(torch.uint8).fill_(0xFF)
 
-    def stage(self) -> None:
-        """Every slot's drawn inputs into the shared pool, in one copy (asynchronous on a GPU)."""
-        self._shared_inputs.copy_(self._private_inputs)
+    def stage(self, count: int | None = None) -> None:
+        """The first `count` slots' drawn inputs (default: every slot's) into the shared pool, in one copy
+        (asynchronous on a GPU)."""
+        end = self._input_ends[(count or self.count) - 1]
+        self._shared_inputs[:end].copy_(self._private_inputs[:end])
 
     def outs(self, i: int) -> list:
         return self.views[i][1]
@@ -292,12 +301,13 @@ class Arena:
         self.pool.close()
 
 
-def _outputs(slots: Slots, arena: Arena | None, answer: dict, stage: Stage) -> list[list]:
-    """The tensors the referee reads as each call's outputs, from where the server says it put them, every place
-    checked here: an out buffer of the call's own, or a span of the arena that no other call's output shares."""
+def _outputs(slots: Slots, arena: Arena | None, answer: dict, stage: Stage, count: int | None = None) -> list[list]:
+    """The tensors the referee reads as each of the first `count` calls' outputs (default: every slot's), from
+    where the server says it put them, every place checked here: an out buffer of the call's own, or a span of the
+    arena that no other call's output shares."""
     placed = answer.get("outputs")
     n = len(slots.outputs)
-    if not (isinstance(placed, list) and len(placed) == slots.count and
+    if not (isinstance(placed, list) and len(placed) == (count or slots.count) and
             all(isinstance(row, list) and len(row) == n for row in placed)):
         raise Rejected(Verdict.PROTOCOL_ERROR, stage, "the kernel server's answer does not place every output of "
                        "every call")
@@ -334,6 +344,16 @@ def _count(value) -> int | None:
     """A count the server reports (a record, never a check): an int in [0, 2**53), else None. A huge one would
     overflow our float arithmetic and crash the trusted side."""
     return value if type(value) is int and 0 <= value < 2 ** 53 else None
+
+
+def _fixed_cost(nets: list[tuple[int, float]]) -> float:
+    """The fixed ms of one batch, from (calls, net window ms) of batches of two sizes: the intercept of the line
+    through each size's median window. Whatever a batch costs per call is in the slope; what it costs once is not."""
+    by_size: dict[int, list[float]] = {}
+    for k, net in nets:
+        by_size.setdefault(k, []).append(net)
+    (k1, w1), (k2, w2) = sorted((k, statistics.median(v)) for k, v in by_size.items())
+    return (k2 * w1 - k1 * w2) / (k2 - k1)
 
 
 def _calls_that_fit(device: str, set_bytes: int) -> int:
@@ -670,14 +690,20 @@ class Referee:
             # timings are no speed claims; the fixed cost taken off is capped by the trusted value all the same).
             fewest_trusted = int((calibration or {}).get("calls_per_batch") or 1)
             fewest = fewest_trusted if self.device == "cuda" else 1
-            per_batch = max(1, min(MAX_CALLS_PER_BATCH, _calls_that_fit(self.device, set_bytes),
-                                   max(fewest, math.ceil(BATCH_TARGET_MS[self.device] / max(estimate, 1e-4)))))
+            fit = min(MAX_CALLS_PER_BATCH, _calls_that_fit(self.device, set_bytes))
+            per_batch = max(1, min(fit, max(fewest, math.ceil(BATCH_TARGET_MS[self.device] / max(estimate, 1e-4)))))
+            if self.cuda:  # two batch sizes, so that the fixed cost of a batch is measured, not guessed
+                per_batch = max(per_batch, min(fit, 2))
             # The budget bounds the whole batches (drawing inputs, checks), not only the calls in them; the extra
             # shapes get a quarter of it (speedups are quoted on the main shape).
             budget_ms = self.spec["timing_budget_s"] * 1e3 * (1.0 if sh["shape"]["name"] == "main" else 0.25)
             batches = int(min(MAX_BATCHES[self.device], max(MIN_BATCHES[self.device],
                                                             budget_ms / (per_batch * statistics.median(cycle)))))
-            calls = batches * per_batch
+            # Batches of K/2 and K calls, alternating (so that drift falls on both alike): the fixed cost of a
+            # batch (the request, the GPU's switches between our context and the server's, its wake-up) is the
+            # intercept of the line through the two sizes' windows (_fixed_cost). One size only where K is 1.
+            sizes = [per_batch // 2 if per_batch > 1 and i % 2 == 0 else per_batch for i in range(batches)]
+            calls = sum(sizes)
             p = 1 - MISS_PROBABILITY ** (1 / max(1.0, SKIP_FRACTION * calls)) if check else 0.0
             slots = self._slots(sh, "timing", per_batch)
             cal = self._calibrate(slots, calibration)  # again, after a copy of these slots' inputs (as a batch)
@@ -685,18 +711,32 @@ class Referee:
                 # estimate calls for batches of one gets no more of the fixed cost off each call than the trusted
                 # server's batches gave theirs
                 cal["tiny_ms"] *= per_batch / fewest_trusted
-            samples, reads, checked, self._launches, self._in_arena, self._raw = [], [], 0, math.inf, [], []
+            net_cal = cal | {"tiny_ms": 0.0} if per_batch > 1 else cal  # two sizes: the intercept replaces "tiny"
+            nets, reads, checked, self._launches, self._in_arena, self._raw = [], [], 0, math.inf, [], []
             self._staged = []
-            for _ in range(batches):
-                per_call, read, seeds, sums, sample, outs = self._batch(slots, per_batch, cal, p, read_cap)
-                samples.append(per_call)
+            for k in sizes:
+                per_call, read, seeds, sums, sample, outs = self._batch(slots, k, net_cal, p, read_cap)
+                nets.append((k, per_call * k))
                 reads.append(read)
                 if check:
                     checked += self._check_timed(sh, slots, init, seed0, seeds, sums, sample, outs)
                 del outs
+            line = {}  # the two sizes' median net windows, and the most the fixed cost may be (evidence)
+            own_fixed = fixed = _fixed_cost(nets) if per_batch > 1 else cal["tiny_ms"]
+            if per_batch > 1:
+                for name, size in (("small", sizes[0]), ("large", per_batch)):
+                    line[f"{name}_batch_ms"] = round(statistics.median(n for k, n in nets if k == size), 4)
+                if calibration is not None:  # a candidate: never more off than beside the trusted server, give or
+                    # take FIXED_SLACK (nothing, where the trusted server measured none)
+                    cap = calibration.get("fixed_ms", 0.0) + FIXED_SLACK * line["small_batch_ms"]
+                    fixed, line["fixed_cap_ms"] = min(fixed, cap), round(cap, 4)
+                fixed = max(fixed, 0.0)
+            samples = [max(net - fixed, 0.0) / k for k, net in nets] if per_batch > 1 else [n / k for k, n in nets]
             staged = statistics.median(self._staged)
             summary = {"median_ms": statistics.median(samples), "iqr_ms": _iqr(samples), "min_ms": min(samples),
                        "reps": calls, "batches": batches, "calls_per_batch": per_batch, "device": self.device,
+                       "batch_sizes": sorted(set(sizes)), "fixed_ms": round(fixed, 4),
+                       "own_fixed_ms": round(own_fixed, 4), **line,
                        "tiny_ms": round(cal["tiny_ms"], 4), "read_ms": round(statistics.median(reads), 4),
                        "stage_ms": round(staged, 4), "launches_per_call_min": self._launches,
                        "outputs_in_arena": round(statistics.mean(self._in_arena), 4) if self._in_arena else 0.0,
@@ -708,7 +748,7 @@ class Referee:
             slots.close()
         summary |= {"checked_calls": checked, "check_probability": round(p, 4)}
         return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "stage_ms": staged,
-                         "calls_per_batch": per_batch}
+                         "calls_per_batch": per_batch, "fixed_ms": max(own_fixed, 0.0)}
 
     def _calibrate(self, slots: Slots, calibration: dict | None) -> dict:
         """The fixed cost of one request, measured as a batch of `slots` is timed (our copy of its inputs and the L2
@@ -755,11 +795,11 @@ class Referee:
         self.sync()
         mj0 = self._millijoules() if energy is not None else None
         t0 = self.clock()
-        staged = self._stage(slots)
+        staged = self._stage(slots, k)
         self._flush()
         self.sync()
-        answer = self.link.ask({"op": "call", "slots": slots.name}, Stage.TIMING)
-        outs = _outputs(slots, self.arena, answer, Stage.TIMING)
+        answer = self.link.ask({"op": "call", "slots": slots.name, "count": k}, Stage.TIMING)
+        outs = _outputs(slots, self.arena, answer, Stage.TIMING, k)
         sums = _checksums(outs)  # every byte read by us before the clock stops
         t1 = self.clock()
         if energy is not None:
@@ -787,18 +827,18 @@ class Referee:
         window = (t1 - t0) * 1e3 - staged - cal["tiny_ms"] - read_ms
         return max(window, 0.0) / k, read_ms / k, seeds, sums, sample, outs
 
-    def _stage(self, slots: Slots) -> float:
-        """The slots' inputs made visible to the server (`Slots.stage`), inside the window; its ms, timed on our
-        own stream (GPU) or by our clock (CPU)."""
+    def _stage(self, slots: Slots, count: int | None = None) -> float:
+        """The first `count` slots' inputs made visible to the server (`Slots.stage`), inside the window; its ms,
+        timed on our own stream (GPU) or by our clock (CPU)."""
         if not self.cuda:
             t0 = self.clock()
-            slots.stage()
+            slots.stage(count)
             return (self.clock() - t0) * 1e3
         import torch
 
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        slots.stage()
+        slots.stage(count)
         end.record()
         end.synchronize()
         return start.elapsed_time(end)

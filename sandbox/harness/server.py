@@ -40,10 +40,12 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(os.environ.pop(ENV_FD)))
     import torch  # noqa: F401 - before the candidate: its import is the load stage, not ours
 
+    from sandbox.builds import keep_trusted_pch
     from sandbox.harness.provenance import Launches
 
     launches = Launches()
     launches.install()  # before the candidate is imported: its load_inline modules get counted too
+    keep_trusted_pch()
     server = Server(device, launches)
     spin_s = SPIN_S if device.startswith("cuda") else 0.0  # on the CPU a spinning server takes the referee's core
     while True:
@@ -113,7 +115,8 @@ class Server:
             self.results = []
             self.model = self._build(message["init"], message["seed"], message.get("dtype"))
         elif op == "call":
-            return self._calls(self.slots[message["slots"]], bool(message.get("record")),
+            slots = self.slots[message["slots"]]
+            return self._calls(slots, int(message.get("count", len(slots.args))), bool(message.get("record")),
                                bool(message.get("profile")))
         elif op == "tiny":
             if self.cuda:
@@ -161,7 +164,7 @@ class Server:
             raise _failure(exc, Stage.LOAD, f"in {self.cls.__name__}(*init_inputs)", self.path) from None
         return model
 
-    def _calls(self, slots: Slots, record: bool, profile: bool) -> dict:
+    def _calls(self, slots: Slots, count: int, record: bool, profile: bool) -> dict:
         import torch
 
         self.results = []  # the last batch's outputs: read by the referee; their memory is for this batch
@@ -174,12 +177,12 @@ class Server:
             torch.cuda.cudart().cudaProfilerStart()
         try:
             try:
-                placed = self._serve(slots, record, ops, stage)
+                placed = self._serve(slots, count, record, ops, stage)
             except torch.OutOfMemoryError:
                 if self.arena is None or self.arena_failed:
                     raise
                 self.results, self.arena_failed = [], True  # the arena holds outputs and some workspace, not all
-                placed = self._serve(slots, record, ops, stage)
+                placed = self._serve(slots, count, record, ops, stage)
         except Failure:
             raise
         except BaseException as exc:  # noqa: BLE001
@@ -191,9 +194,9 @@ class Server:
         return {"ok": True, "launches": self.launches.count, "outputs": placed} | (
             {"ops": sorted(ops)} if record else {})
 
-    def _serve(self, slots: Slots, record: bool, ops: set, stage: Stage) -> list[list[dict]]:
-        """Every call of the set, each one's outputs placed before the next one runs, then the device synchronised
-        (kernel faults surface there, attributed to these calls)."""
+    def _serve(self, slots: Slots, count: int, record: bool, ops: set, stage: Stage) -> list[list[dict]]:
+        """The set's first `count` calls, each one's outputs placed before the next one runs, then the device
+        synchronised (kernel faults surface there, attributed to these calls)."""
         import contextlib
 
         import torch
@@ -203,7 +206,7 @@ class Server:
         in_arena = self.arena is not None and not self.arena_failed
         placed, spans = [], []
         with torch.no_grad(), self.arena.allocating() if in_arena else contextlib.nullcontext():
-            for j, args in enumerate(slots.args):
+            for j, args in enumerate(slots.args[:count]):
                 if record:
                     result, seen = record_ops(self.model, *args)
                     ops.update(seen)

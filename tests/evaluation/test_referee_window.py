@@ -138,10 +138,57 @@ def test_what_is_taken_off_a_candidates_window_is_never_more_than_beside_the_tru
         assert summary["calls_per_batch"] < 60
         # ... and each call gets no more of the fixed cost off than one of the trusted server's 60 did
         assert summary["tiny_ms"] <= round(1e-4 * summary["calls_per_batch"] / 60, 4) + 1e-9  # (rounded to 1e-4)
-    # Nothing but the cap came off: each batch's window per call is its median plus at most the caps' share.
-    assert summary["median_ms"] >= summary["raw_window_ms"] - 1e-4 - 1e-4  # (raw_window_ms is rounded to 1e-4)
-    from sandbox.harness.referee import UNCALIBRATED
+    # The fixed cost of a batch taken off is no more than the trusted server's (none given here) plus the slack.
+    from sandbox.harness.referee import FIXED_SLACK, UNCALIBRATED
 
+    def capped(summary: dict, trusted_fixed: float) -> None:
+        if len(summary["batch_sizes"]) == 1:  # one size (K = 1): the calibrated round trip, capped as above
+            assert summary["fixed_ms"] == summary["tiny_ms"]
+            return
+        assert summary["fixed_cap_ms"] <= trusted_fixed + FIXED_SLACK * summary["small_batch_ms"] + 2e-4
+        assert summary["fixed_ms"] <= summary["fixed_cap_ms"] + 1e-4  # (both rounded to 1e-4)
+
+    capped(summary, 0.0)
     uncalibrated, _ = referee._timed(sh, check=False, calibration=dict(UNCALIBRATED))
     assert uncalibrated["tiny_ms"] == 0.0
-    assert uncalibrated["median_ms"] >= uncalibrated["raw_window_ms"] - 1e-4
+    capped(uncalibrated, 0.0)
+
+
+def test_the_fixed_cost_of_a_batch_is_the_intercept_of_the_line_through_two_batch_sizes():
+    from sandbox.harness.referee import _fixed_cost
+
+    # 3 ms per batch and 2 ms per call, with noise that the medians ignore
+    nets = [(2, 7.0), (4, 11.0), (2, 7.1), (4, 10.9), (2, 6.9), (4, 11.0), (2, 50.0), (4, 11.1)]
+    assert _fixed_cost(nets) == pytest.approx(3.0, abs=0.2)
+
+
+def test_a_server_that_stalls_its_smaller_batches_gains_nothing_by_it(session):
+    """A batch's fixed cost is the intercept of the line through the windows of batches of K/2 and K calls. A
+    server that stalls its smaller batches (it sees how many calls it is asked for) raises the intercept and
+    flattens the line: taken at its word, its calls would cost next to nothing. What comes off is capped by the
+    trusted server's intercept, so the stall only costs it."""
+    import time
+
+    referee, server, sh = session
+    honest, trusted = referee._timed(sh, check=False)  # (as the trusted server: its own intercept)
+    stall_s = 0.02
+    handle = server.handle
+
+    def stalling(op, message, fds):
+        if op == "call" and message.get("count", 1 << 30) < len(server.slots[message["slots"]].args):
+            time.sleep(stall_s)
+        return handle(op, message, fds)
+
+    server.handle = stalling
+    try:
+        cheat, _ = referee._timed(sh, check=False, calibration=trusted)
+    finally:
+        server.handle = handle
+    small, large = cheat["batch_sizes"]
+    # The attack is real: the line alone would have put its calls at (nearly) nothing ...
+    line_per_call = (cheat["large_batch_ms"] - cheat["small_batch_ms"]) / (large - small)
+    assert line_per_call < 0.5 * honest["median_ms"]
+    assert cheat["own_fixed_ms"] > trusted["fixed_ms"] + stall_s * 1e3 / 2
+    # ... and the cap takes it away.
+    assert cheat["fixed_ms"] <= cheat["fixed_cap_ms"] + 1e-4
+    assert cheat["median_ms"] >= 0.8 * honest["median_ms"]
