@@ -176,6 +176,7 @@ def _outcome_json(o: Outcome, evaluation_id: int, run_id: int) -> dict:
         "timings": o.timings, "environment": o.environment, "evaluation_id": evaluation_id, "run_id": run_id,
         "wall_s": o.details.get("wall_s"), "evidence": o.details.get("evidence"), "ncu": o.details.get("ncu"),
         "shapes": checked_shapes(o.details), "dropped_shapes": o.details.get("dropped_shapes", []),
+        "precompiled_headers": o.details.get("precompiled_headers"),  # load_inline candidates only
     }
 
 

@@ -37,6 +37,7 @@ from appliance.evaluation.residency import evaluation_gpus, memory_budget, resid
 from appliance.evaluation.timings import pass_reason, speedup, timing_rows
 from appliance.evaluation.verdicts import Rejection, host_out_of_memory, library_fallback, verdict_of
 from appliance.tasks import RebuiltTasks, Task
+from sandbox.builds import ensure_torch_pch
 from sandbox.gate import DeviceGate
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
@@ -92,6 +93,7 @@ class Details(TypedDict, total=False):
     retried_alone: str  # why it was run again with the device to itself (out of device memory beside others)
     second_measurement: dict  # a large speedup measured again
     ncu: dict  # Nsight Compute's summary of one call
+    precompiled_headers: str  # load_inline candidates: torch's headers precompiled for their builds (sandbox/builds)
     # Untrusted artifacts: text the candidate's process produced. Shown to people and fed to proposers only
     # bounded and fenced as untrusted output (appliance/proposers/untrusted.py); never read as evidence.
     candidate_stderr: str
@@ -367,6 +369,8 @@ class Pipeline:
 
         # 2. The referee serves the candidate fresh inputs, times it and checks it. The server reads the submitted
         #    source from a read-only folder: nothing it writes changes what a retry or a profile run evaluates.
+        if "cuda" in backends:  # load_inline: torch's headers precompiled by us, once, before any jail builds
+            details["precompiled_headers"] = ensure_torch_pch()
         source = job / "source"
         source.mkdir()
         shutil.copy(candidate_path, source / "candidate.py")
