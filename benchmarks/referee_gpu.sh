@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The referee's GPU call: a smoke evaluation, the GPU tests, then the measurement table (referee vs do_bench, CV).
-#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite,bundled,bare]   (default: all; output under $OUT)
+#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite,bundled,bare,builds]   (default: all; output under $OUT)
 set -uo pipefail
 parts=",${1:-smoke,tests,measure,measure_small,suite},"  # (commas round every part: "measure" is not "measure_small")
 out=${OUT:-/tmp/referee-gpu}; mkdir -p "$out"
@@ -59,4 +59,8 @@ fi
 if [[ $parts == *,bare,* ]]; then  # bare KernelBench files: honest kernels pass, wrong variants are caught (issue 25)
   timeout ${BARE_S:-300} python3 benchmarks/bare_suite.py --device cuda ${BARE_PROBLEMS:+--problems $BARE_PROBLEMS} \
     2>"$out/bare.err" | tee "$out/bare.md" | tail -14
+fi
+if [[ $parts == *,builds,* ]]; then  # load_inline builds per hour, without and with the precompiled header (issue 26)
+  timeout ${BUILDS_S:-300} python3 benchmarks/build_speed.py --at-once ${BUILDS_AT_ONCE:-8} 2>"$out/builds.err" | tail -6
+  tail -3 "$out/builds.err"
 fi

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -54,8 +55,10 @@ def _ensure() -> str:
         return f"skipped: {gch.parent} is not writable by the appliance (build it once as its owner)"
     t0 = time.perf_counter()
     before = gch.stat().st_mtime_ns if gch.exists() else None
-    with open(gch.parent / "extension.h.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be building it: wait, then find it done
+    # Another worker may be building it: wait, then find it done. The lock lives in the host's temporary folder,
+    # which no jail mounts (a lock beside the header could be taken, read-only, by a jailed candidate).
+    with open(Path(tempfile.gettempdir()) / f"appliance-torch-pch-{os.getuid()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             build(None, None)  # torch's routine: builds only when the file is missing or its flags changed
         except (RuntimeError, OSError) as exc:

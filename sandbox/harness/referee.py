@@ -65,8 +65,9 @@ CALIBRATION_ROUNDS = 21
 # No trusted calibration: nothing taken off.
 UNCALIBRATED = {"tiny_ms": 0.0, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 1, "fixed_ms": 0.0}
 # A batch's fixed cost taken off a candidate's windows: its own (the intercept), but never more than the trusted
-# server's plus this fraction of the candidate's smaller batch. A server that stalls its small batches to flatten
-# the line gains at most this much; an honest one whose intercept is noisy-high loses no more.
+# server's plus this fraction of the work in the candidate's faster size's median window (which no stall can
+# raise). A server that stalls its small batches to flatten the line gains at most this much; an honest one whose
+# intercept is noisy-high loses no more.
 FIXED_SLACK = 0.02
 SPIN_S = 0.05  # the referee polls this long for an answer before it blocks (GPU; see protocol.receive)
 ENERGY_WINDOW_S, ENERGY_MAX_BATCHES = 0.1, 30  # energy: calls over at least this long, or this many batches
@@ -724,16 +725,21 @@ class Referee:
             line = {}  # the two sizes' median net windows, and the most the fixed cost may be (evidence)
             own_fixed = fixed = _fixed_cost(nets) if per_batch > 1 else cal["tiny_ms"]
             if per_batch > 1:
-                for name, size in (("small", sizes[0]), ("large", per_batch)):
-                    line[f"{name}_batch_ms"] = round(statistics.median(n for k, n in nets if k == size), 4)
+                windows = {size: statistics.median(n for k, n in nets if k == size) for size in set(sizes)}
+                line = {"small_batch_ms": round(windows[sizes[0]], 4), "large_batch_ms": round(windows[per_batch], 4)}
                 if calibration is not None:  # a candidate: never more off than beside the trusted server, give or
                     # take FIXED_SLACK (nothing, where the trusted server measured none)
-                    cap = calibration.get("fixed_ms", 0.0) + FIXED_SLACK * line["small_batch_ms"]
+                    trusted_fixed = calibration.get("fixed_ms", 0.0)
+                    cap = trusted_fixed + FIXED_SLACK * max(min(windows.values()) - trusted_fixed, 0.0)
                     fixed, line["fixed_cap_ms"] = min(fixed, cap), round(cap, 4)
                 fixed = max(fixed, 0.0)
             samples = [max(net - fixed, 0.0) / k for k, net in nets] if per_batch > 1 else [n / k for k, n in nets]
+            # The slower size's median per call: with the fixed cost at the intercept both sizes give the slope; a
+            # server that stalls some of one size's batches (to skew the line, or the median of both sizes mixed)
+            # only makes that size slower.
+            median = max(statistics.median(s for s, (k, _) in zip(samples, nets) if k == size) for size in set(sizes))
             staged = statistics.median(self._staged)
-            summary = {"median_ms": statistics.median(samples), "iqr_ms": _iqr(samples), "min_ms": min(samples),
+            summary = {"median_ms": median, "iqr_ms": _iqr(samples), "min_ms": min(samples),
                        "reps": calls, "batches": batches, "calls_per_batch": per_batch, "device": self.device,
                        "batch_sizes": sorted(set(sizes)), "fixed_ms": round(fixed, 4),
                        "own_fixed_ms": round(own_fixed, 4), **line,
