@@ -369,8 +369,8 @@ class Pipeline:
 
         # 2. The referee serves the candidate fresh inputs, times it and checks it. The server reads the submitted
         #    source from a read-only folder: nothing it writes changes what a retry or a profile run evaluates.
-        if "cuda" in backends:  # load_inline: torch's headers precompiled by us, once, before any jail builds
-            details["precompiled_headers"] = ensure_torch_pch()
+        if "cuda" in backends and device == "cuda":  # load_inline on a GPU host: torch's headers precompiled by
+            details["precompiled_headers"] = ensure_torch_pch()  # us, once, before any jail builds (sandbox/builds)
         source = job / "source"
         source.mkdir()
         shutil.copy(candidate_path, source / "candidate.py")

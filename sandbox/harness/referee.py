@@ -732,7 +732,9 @@ class Referee:
                     trusted_fixed = calibration.get("fixed_ms", 0.0)
                     cap = trusted_fixed + FIXED_SLACK * max(min(windows.values()) - trusted_fixed, 0.0)
                     fixed, line["fixed_cap_ms"] = min(fixed, cap), round(cap, 4)
-                fixed = max(fixed, 0.0)
+                # Never more than half the smaller batch: where noise flattens the line (the CPU, tiny kernels)
+                # the intercept can reach a whole window, and a call would read as free.
+                fixed = min(max(fixed, 0.0), 0.5 * min(windows.values()))
             samples = [max(net - fixed, 0.0) / k for k, net in nets] if per_batch > 1 else [n / k for k, n in nets]
             # The slower size's median per call: with the fixed cost at the intercept both sizes give the slope; a
             # server that stalls some of one size's batches (to skew the line, or the median of both sizes mixed)

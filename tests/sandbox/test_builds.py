@@ -1,5 +1,10 @@
-"""Torch's headers precompiled by trusted code for load_inline builds (sandbox/builds.py): a jailed candidate's
-build uses them, and cannot delete or poison them for the candidates after it."""
+"""Torch's headers precompiled by trusted code for load_inline builds (sandbox/builds.py): a jailed candidate
+builds beside them and cannot delete or poison them for the candidates after it.
+
+On a GPU host the worker builds the real header (about 750 MiB, 40 s or more of a core) before the first
+load_inline candidate; the GPU tests and benchmarks/build_speed.py exercise that. Here, where it would only cost CI
+minutes, a stand-in file sits where the header goes: GCC ignores a file that is not a valid precompiled header, and
+what is tested is that the jail leaves it as it was and the build goes through."""
 
 from __future__ import annotations
 
@@ -7,26 +12,27 @@ import hashlib
 
 import pytest
 
-from sandbox.builds import ensure_torch_pch, pch_paths
+from sandbox.builds import pch_paths
 from tests.conftest import FIXTURES
 
 
-def _digest(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 @pytest.mark.slow
-def test_a_jailed_build_uses_the_trusted_header_and_cannot_change_it(appliance, softmax_task, tmp_path):
-    status = ensure_torch_pch()
-    if status.startswith("skipped"):
-        pytest.skip(status)
+def test_a_jailed_build_beside_the_trusted_header_cannot_change_it(appliance, softmax_task, tmp_path):
     gch, sign = pch_paths()
-    before = _digest(gch), sign.read_text()
-    task = tmp_path / "rowsoftmax.py"  # a copy of the fixture task that allows load_inline (backend "cuda")
-    task.write_text(softmax_task.read_text())
-    manifest = softmax_task.with_suffix(".toml").read_text().replace('backends = ["triton"]', 'backends = ["cuda"]')
-    task.with_suffix(".toml").write_text(manifest)
-    code, result = appliance.eval_json(task, FIXTURES / "candidates" / "inline_cpp_pch_tamper.py")
-    assert code == 0, result["reason"]
-    assert result["precompiled_headers"] == "ready", result.get("precompiled_headers")
-    assert (_digest(gch), sign.read_text()) == before  # neither deleted nor overwritten from the jail
+    made = [p for p in (gch, sign) if not p.exists()]
+    for p in made:
+        p.write_bytes(b"stand-in for the trusted precompiled header")
+    try:
+        before = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (gch, sign)]
+        task = tmp_path / "rowsoftmax.py"  # a copy of the fixture task that allows load_inline (backend "cuda")
+        task.write_text(softmax_task.read_text())
+        manifest = softmax_task.with_suffix(".toml").read_text().replace('backends = ["triton"]',
+                                                                          'backends = ["cuda"]')
+        task.with_suffix(".toml").write_text(manifest)
+        code, result = appliance.eval_json(task, FIXTURES / "candidates" / "inline_cpp_pch_tamper.py")
+        assert code == 0, result["reason"]
+        # neither deleted nor overwritten from the jail, by the candidate or by torch's own load_inline
+        assert [hashlib.sha256(p.read_bytes()).hexdigest() for p in (gch, sign)] == before
+    finally:
+        for p in made:
+            p.unlink(missing_ok=True)
