@@ -198,3 +198,29 @@ def test_a_server_that_stalls_its_smaller_batches_gains_nothing_by_it(session, s
     # ... and the cap takes it away.
     assert cheat["fixed_ms"] <= cheat["fixed_cap_ms"] + 1e-4
     assert cheat["median_ms"] >= 0.8 * honest["median_ms"]
+
+
+def test_a_candidates_fixed_cost_is_capped_at_the_larger_of_the_trusted_servers_intercepts():
+    """Eager and torch.compile both run on trusted servers; compile's runs Triton kernels, as most candidates do,
+    and its fixed cost per batch may be the larger. The calibration takes the larger, at each shape both timed."""
+    from types import SimpleNamespace
+
+    from sandbox.harness.referee import Referee
+
+    referee = Referee.__new__(Referee)
+    fixed = {("main", "eager"): 0.9, ("main", "compile"): 1.4, ("odd", "eager"): 0.8}
+    referee.spec = {"implementations": [{"name": "eager", "file": "e", "cls": "Model"},
+                                        {"name": "compile", "file": "c", "cls": "Model", "compile": True}]}
+    loaded = []
+    referee.link = SimpleNamespace(ask=lambda message, stage: loaded.append(message["file"]) or {"ok": True})
+    referee.stages = SimpleNamespace(done=lambda name: None)
+
+    def timed(sh, check):
+        impl = "compile" if loaded[-1] == "c" else "eager"
+        return {"median_ms": 1.0}, {"tiny_ms": 0.1, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 4,
+                                    "fixed_ms": fixed[(sh["shape"]["name"], impl)]}
+
+    referee._timed = timed
+    out = referee._baselines([{"shape": {"name": "main"}}, {"shape": {"name": "odd"}}])
+    assert out["calibration"]["main"]["fixed_ms"] == 1.4  # compile's, the larger
+    assert out["calibration"]["odd"]["fixed_ms"] == 0.8  # compile is timed at the main shape only
