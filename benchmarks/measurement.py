@@ -3,8 +3,9 @@
 
     python3 benchmarks/measurement.py [--tasks softmax,rmsnorm,mse_loss] [--repeats 10] [--device auto] [--quick]
 
-For each bundled task, its baseline is evaluated --repeats times through the real jailed pipeline (no eager or
-compile baselines: only the candidate's number is studied). Reported: the median of the candidate's main-shape
+For each bundled task, its baseline is evaluated --repeats times through the real jailed pipeline (the eager and
+compile baselines are prepared once, as in a run: their intercepts cap the candidate's; only the candidate's
+number is studied). Reported: the median of the candidate's main-shape
 medians, their CV across evaluations (target <= 1% on the GPU), do_bench's median for the same module on the same
 main-shape inputs and the ratio pipeline / do_bench (target within 3%), and the wall seconds of one evaluation
 per process. A row is printed as soon as its task is done (a run killed at a time limit keeps the finished rows;
@@ -45,7 +46,8 @@ def pipeline_repeats(task, baseline: Path, device: str, repeats: int, in_flight:
     Inputs and baselines are prepared once, by the first evaluation, as in a run."""
     from concurrent.futures import ThreadPoolExecutor
 
-    settings = EvalSettings(device=device, mode=mode, baselines=("eager",), reuse_inputs=True)  # default budget
+    # Both baselines, as a run has them: their servers' intercepts cap what is taken off a candidate's batches
+    settings = EvalSettings(device=device, mode=mode, baselines=("eager", "compile"), reuse_inputs=True)
     pipeline = Pipeline(Jail(gpu=0 if device == "cuda" else None), settings, slots=in_flight)
     first = pipeline.evaluate(task, baseline)  # prepares the inputs (measured below as "prepare")
     outcomes = [first]
