@@ -31,6 +31,12 @@ def pch_paths() -> tuple[Path, Path]:
     return include / "extension.h.gch", include / "extension.h.sign"
 
 
+def build_lock_path() -> Path:
+    """The lock that workers take to build the header: in the host's temporary folder, which no jail mounts (a lock
+    beside the header could be taken, read-only, by a jailed candidate and held)."""
+    return Path(tempfile.gettempdir()) / f"appliance-torch-pch-{os.getuid()}.lock"
+
+
 def ensure_torch_pch() -> str:
     """Torch's extension.h precompiled for load_inline's default flags, built if missing or stale. Trusted side
     only (never inside a jail). Returns what happened, for the evidence: "ready", "built in N s" or "skipped: why".
@@ -55,9 +61,7 @@ def _ensure() -> str:
         return f"skipped: {gch.parent} is not writable by the appliance (build it once as its owner)"
     t0 = time.perf_counter()
     before = gch.stat().st_mtime_ns if gch.exists() else None
-    # Another worker may be building it: wait, then find it done. The lock lives in the host's temporary folder,
-    # which no jail mounts (a lock beside the header could be taken, read-only, by a jailed candidate).
-    with open(Path(tempfile.gettempdir()) / f"appliance-torch-pch-{os.getuid()}.lock", "w") as lock:
+    with open(build_lock_path(), "w") as lock:  # another worker may be building it: wait, then find it done
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             build(None, None)  # torch's routine: builds only when the file is missing or its flags changed

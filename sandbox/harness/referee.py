@@ -347,13 +347,15 @@ def _count(value) -> int | None:
     return value if type(value) is int and 0 <= value < 2 ** 53 else None
 
 
-def _fixed_cost(nets: list[tuple[int, float]]) -> float:
-    """The fixed ms of one batch, from (calls, net window ms) of batches of two sizes: the intercept of the line
-    through each size's median window. Whatever a batch costs per call is in the slope; what it costs once is not."""
-    by_size: dict[int, list[float]] = {}
-    for k, net in nets:
-        by_size.setdefault(k, []).append(net)
-    (k1, w1), (k2, w2) = sorted((k, statistics.median(v)) for k, v in by_size.items())
+def _median_windows(nets: list[tuple[int, float]]) -> dict[int, float]:
+    """Each batch size's median net window, from (calls, net window ms) per batch."""
+    return {size: statistics.median(n for k, n in nets if k == size) for size in {k for k, _ in nets}}
+
+
+def _fixed_cost(windows: dict[int, float]) -> float:
+    """The fixed ms of one batch, from two batch sizes' median windows: the intercept of the line through them.
+    Whatever a batch costs per call is in the slope; what it costs once is not."""
+    (k1, w1), (k2, w2) = sorted(windows.items())
     return (k2 * w1 - k1 * w2) / (k2 - k1)
 
 
@@ -730,9 +732,9 @@ class Referee:
                     checked += self._check_timed(sh, slots, init, seed0, seeds, sums, sample, outs)
                 del outs
             line = {}  # the two sizes' median net windows, and the most the fixed cost may be (evidence)
-            own_fixed = fixed = _fixed_cost(nets) if per_batch > 1 else cal["tiny_ms"]
+            windows = _median_windows(nets)
+            own_fixed = fixed = _fixed_cost(windows) if per_batch > 1 else cal["tiny_ms"]
             if per_batch > 1:
-                windows = {size: statistics.median(n for k, n in nets if k == size) for size in set(sizes)}
                 line = {"small_batch_ms": round(windows[sizes[0]], 4), "large_batch_ms": round(windows[per_batch], 4)}
                 if calibration is not None:  # a candidate: never more off than beside the trusted server, give or
                     # take FIXED_SLACK (nothing, where the trusted server measured none)

@@ -155,11 +155,11 @@ def test_what_is_taken_off_a_candidates_window_is_never_more_than_beside_the_tru
 
 
 def test_the_fixed_cost_of_a_batch_is_the_intercept_of_the_line_through_two_batch_sizes():
-    from sandbox.harness.referee import _fixed_cost
+    from sandbox.harness.referee import _fixed_cost, _median_windows
 
     # 3 ms per batch and 2 ms per call, with noise that the medians ignore
     nets = [(2, 7.0), (4, 11.0), (2, 7.1), (4, 10.9), (2, 6.9), (4, 11.0), (2, 50.0), (4, 11.1)]
-    assert _fixed_cost(nets) == pytest.approx(3.0, abs=0.2)
+    assert _fixed_cost(_median_windows(nets)) == pytest.approx(3.0, abs=0.2)
 
 
 @pytest.mark.parametrize("stalled", ["every", "two_of_three"])
