@@ -13,13 +13,14 @@ import hashlib
 
 import pytest
 
-from sandbox.builds import pch_paths
+from sandbox.builds import build_lock_path, pch_paths
 from tests.conftest import FIXTURES
 
 
 @pytest.mark.slow
 def test_a_jailed_build_beside_the_trusted_header_cannot_change_it(appliance, softmax_task, tmp_path):
     gch, sign = pch_paths()
+    build_lock_path().touch()  # the workers' lock exists on the host: the candidate must not reach it
     made = [p for p in (gch, sign) if not p.exists()]
     for p in made:
         p.write_bytes(b"stand-in for the trusted precompiled header")
