@@ -1,8 +1,14 @@
-# This session's last GPU call (2026-12-06): the referee's attack tests on the GPU after the fixed-cost change, then
-# softmax against do_bench with both baselines' intercepts capping the candidate's (what the device time left allows).
+# This session's GPU calls (2026-12-06, second session), one part per call (each under the 600 s limit):
+#   a: the referee against do_bench (full size, then 10-100 us kernels), matmul_bias_relu's baseline at full size
+#   b: the jailed CUDA build with the real precompiled header, then load_inline builds per hour 8 at once
+#   c: evaluations per GPU-hour: the tuner on rmsnorm (issue 24), a bare file with derived shapes on (issue 25)
 set -uo pipefail
 export OUT=${OUT:-/tmp/gpu-session}; mkdir -p $OUT
-GPU_TESTS="referee_attacks" TESTS_S=100 bash benchmarks/referee_gpu.sh tests
-source scripts/gpu_env.sh
-timeout ${MEASURE_S:-140} python3 benchmarks/measurement.py --tasks softmax --repeats 5 2>$OUT/measure.err | tail -3
-grep -o "softmax [0-9]*/5: [0-9.]* ms\|own_fixed_ms [0-9.]*, fixed_cap_ms [0-9.]*, small_batch_ms [0-9.]*, large_batch_ms [0-9.]*" $OUT/measure.err | paste - -
+case "$1" in
+  a) REPEATS=6 MEASURE_S=290 SMALL_S=130 BUNDLED_TASKS=matmul_bias_relu BUNDLED_EACH_S=120 \
+       bash benchmarks/referee_gpu.sh measure,measure_small,bundled ;;
+  b) GPU_TESTS="cuda_and_cupy" TESTS_S=220 BUILDS_S=320 bash benchmarks/referee_gpu.sh tests,builds ;;
+  c) SUITE_WALL=200 SUITE_S=260 SUITE_NAIVE=" " BARE_SUITE_WALL=180 BARE_SUITE_S=250 \
+       bash benchmarks/referee_gpu.sh suite,bare_suite ;;
+esac
+for f in $OUT/*.err; do echo "== $f"; grep -v "^\s*$" "$f" | tail -4 | cut -c1-600; done

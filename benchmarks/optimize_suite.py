@@ -192,6 +192,8 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
            "--max-candidates", str(args.max_candidates), "--json", "--device", device]
     if args.from_compile:
         cmd += ["--from", "compile"]
+    elif args.from_kernels:  # the task's own honest kernel as the seed (the tuner finds its launch settings)
+        cmd += ["--from", str((args.from_kernels / task.name).resolve())]
     if args.executor:
         cmd += ["--executor", args.executor]  # the cluster's GPUs: its workers say which they lend
     elif device == "cuda":
@@ -260,6 +262,8 @@ def main() -> int:
                         help="bundled task names, or paths to task files (NAME.py)")
     parser.add_argument("--from-compile", action="store_true",
                         help="start every run from torch.compile's kernels (--from compile), not the bundled baseline")
+    parser.add_argument("--from-kernels", type=Path, help="start each task T.py from DIR/T.py (e.g. "
+                        "benchmarks/bare/kernels: bare KernelBench files, derived shapes on)")
     parser.add_argument("--max-candidates", type=int, default=12)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--gpus", default="0", help="evaluation GPUs, e.g. 0,1 (cuda only)")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The referee's GPU call: a smoke evaluation, the GPU tests, then the measurement table (referee vs do_bench, CV).
-#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite,bundled,bare,builds]   (default: all; output under $OUT)
+#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite,bare_suite,bundled,bare,builds]   (default: all; output under $OUT)
 set -uo pipefail
 parts=",${1:-smoke,tests,measure,measure_small,suite},"  # (commas round every part: "measure" is not "measure_small")
 out=${OUT:-/tmp/referee-gpu}; mkdir -p "$out"
@@ -27,17 +27,22 @@ if [[ $parts == *,tests,* ]]; then
     2>&1 | tail -25
 fi
 if [[ $parts == *,measure,* ]]; then
-  timeout ${MEASURE_S:-400} python3 benchmarks/measurement.py --tasks ${MEASURE_TASKS:-rmsnorm,softmax} --repeats 10 \
+  timeout ${MEASURE_S:-400} python3 benchmarks/measurement.py --tasks ${MEASURE_TASKS:-rmsnorm,softmax} --repeats ${REPEATS:-10} \
     2>"$out/measure.err" | tail -8
 fi
 if [[ $parts == *,measure_small,* ]]; then
-  timeout ${SMALL_S:-300} python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats 10 \
+  timeout ${SMALL_S:-300} python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats ${REPEATS:-10} \
     2>"$out/measure_small.err" | tail -4
 fi
 if [[ $parts == *,suite,* ]]; then  # evaluations per GPU-hour: the tuner on rmsnorm, beside the naive harness
   timeout ${SUITE_S:-330} python3 benchmarks/optimize_suite.py --tasks rmsnorm --max-candidates 1000 \
     --max-wall ${SUITE_WALL:-240} --in-flight 16 --out /dev/shm/suite ${SUITE_NAIVE:---compare-naive --naive-max 5} \
     2>"$out/suite.err" | tail -6
+fi
+if [[ $parts == *,bare_suite,* ]]; then  # evaluations per GPU-hour with derived shapes on: a bare file, its own kernel tuned
+  timeout ${BARE_SUITE_S:-240} python3 benchmarks/optimize_suite.py --tasks ${BARE_SUITE_TASKS:-benchmarks/bare/row_sum.py} \
+    --from-kernels benchmarks/bare/kernels --max-candidates 1000 --max-wall ${BARE_SUITE_WALL:-180} --in-flight 16 \
+    --out /dev/shm/bare-suite 2>"$out/bare_suite.err" | tail -4
 fi
 if [[ $parts == *,bundled,* ]]; then  # every bundled baseline through the gate at full size (eager baseline only)
   for name in ${BUNDLED_TASKS:-$(ls benchmarks/tasks/*.py | xargs -n1 basename | sed "s/\.py$//")}; do
