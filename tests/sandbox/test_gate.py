@@ -392,8 +392,9 @@ def test_another_evaluations_processes_are_stopped_while_one_measures_and_not_ch
 
     gate, workdir, done = DeviceGate(), tmp_path / "other", {}
     workdir.mkdir()
-    # the ticker: ~1 s of its own work under a 2.5 s timeout; the forker: ~4 s (the forks, then the ticks)
-    code, ticks, timeout = (TICKER, "40", 2.5) if script == "ticker" else (FORKER, "150", 10.0)
+    # the ticker: ~1 s of its own work under a 2.5 s timeout; the forker: ~4 s of forks beside ~8 s of ticks (on a
+    # loaded 2-core host, touching its 512 MiB once took longer than 3 s of ticks: they ended before the stop)
+    code, ticks, timeout = (TICKER, "40", 2.5) if script == "ticker" else (FORKER, "400", 20.0)
     ticker = threading.Thread(target=lambda: done.update(run=Jail().run(
         [sys.executable, "-c", code, ticks], workdir=workdir, paused_by=gate, group="other", timeout_s=timeout)))
     ticker.start()

@@ -103,11 +103,13 @@ def test_evaluations_in_flight_when_a_budget_ends_are_stored_as_each_ends(tmp_pa
     import time
 
     fast = settings_evaluator()
-    store, run_id, cfg, seed = make_run(tmp_path, max_candidates=100, batch=3, islands=1, max_wall_s=1.5)
+    # (A budget long enough for the tuner's first proposals to start on a loaded 2-core CI host: with 1.5 s, the
+    # seed was once the only evaluation begun.)
+    store, run_id, cfg, seed = make_run(tmp_path, max_candidates=100, batch=3, islands=1, max_wall_s=3.0)
 
     def decide(source: str) -> Outcome:
         if current_values(source) == current_values(seed):
-            time.sleep(4.0)  # the seed: the slowest of the evaluations in flight
+            time.sleep(6.0)  # the seed: the slowest of the evaluations in flight
         return fast.decide(source)
 
     Optimizer(store, run_id, load_task(SOFTMAX), [ReplayEvaluator(decide=decide, gpu=0, slots=4)],
