@@ -10,5 +10,10 @@ case "$1" in
   b) GPU_TESTS="cuda_and_cupy" TESTS_S=220 BUILDS_S=320 bash benchmarks/referee_gpu.sh tests,builds ;;
   c) SUITE_WALL=200 SUITE_S=260 SUITE_NAIVE=" " BARE_SUITE_WALL=180 BARE_SUITE_S=250 \
        bash benchmarks/referee_gpu.sh suite,bare_suite ;;
+  # Next (not yet run): is the candidates' larger intercept the conditions (3 in flight against the baselines
+  # timed alone)? The same 10-100 us kernel one at a time, then 3 at once; then the tuner on rmsnorm again.
+  d) for n in 1 3; do OUT=$OUT/in-flight-$n REPEATS=5 IN_FLIGHT=$n SMALL_S=200 bash benchmarks/referee_gpu.sh measure_small
+       grep -h "trusted servers\|slope_ms" $OUT/in-flight-$n/measure_small.err | cut -c1-260; done ;;
+  e) SUITE_WALL=150 SUITE_S=380 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
 esac
 for f in $OUT/*.err; do echo "== $f"; grep -v "^\s*$" "$f" | tail -4 | cut -c1-600; done

@@ -57,14 +57,20 @@ def pipeline_repeats(task, baseline: Path, device: str, repeats: int, in_flight:
     per_eval_s = (time.perf_counter() - t0) / max(repeats - 1, 1)
     pipeline.close()
     medians, walls = [], []
+    trusted = {t["implementation"]: t.get("own_fixed_ms") for t in first.timings
+               if t["shape"] == "main" and t["implementation"] != "candidate"}
+    log(f"  {task.name}: the trusted servers' intercepts (timed in the prepare, alone), ms: {trusted}")
     for i, outcome in enumerate(outcomes):
         if not outcome.passed:
             raise RuntimeError(f"{outcome.verdict}: {outcome.reason}")
         main = next(t for t in outcome.timings if t["shape"] == "main" and t["implementation"] == "candidate")
         medians.append(main["median_ms"])
+        sizes = main.get("batch_sizes") or []
+        slope = ((main["large_batch_ms"] - main["small_batch_ms"]) / (sizes[-1] - sizes[0])
+                 if len(sizes) == 2 and main.get("large_batch_ms") is not None else None)
         walls.append(dict(outcome.details["wall_s"]) | {"held": outcome.details["device_turns"]["held_s"]})
         log(f"  {task.name} {i + 1}/{repeats}: {main['median_ms']:.4g} ms (iqr {main['iqr_ms']:.3g}, "
-            f"{main['reps']} reps, " + ", ".join(f"{k} {main.get(k)}" for k in (
+            f"{main['reps']} reps, slope_ms {slope and round(slope, 5)}, " + ", ".join(f"{k} {main.get(k)}" for k in (
                 "calls_per_batch", "batches", "raw_window_ms", "tiny_ms", "fixed_ms", "own_fixed_ms", "fixed_cap_ms",
                 "small_batch_ms", "large_batch_ms", "stage_ms", "read_ms", "outputs_in_arena"))
             + f"), walls {walls[-1]}, stages {outcome.details.get('stage_s')}, "

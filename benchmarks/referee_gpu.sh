@@ -31,7 +31,7 @@ if [[ $parts == *,measure,* ]]; then
     2>"$out/measure.err" | tail -8
 fi
 if [[ $parts == *,measure_small,* ]]; then
-  timeout ${SMALL_S:-300} python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats ${REPEATS:-10} \
+  timeout ${SMALL_S:-300} python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats ${REPEATS:-10} --in-flight ${IN_FLIGHT:-3} \
     2>"$out/measure_small.err" | tail -4
 fi
 if [[ $parts == *,suite,* ]]; then  # evaluations per GPU-hour: the tuner on rmsnorm, beside the naive harness
