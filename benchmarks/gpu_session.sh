@@ -15,5 +15,8 @@ case "$1" in
   d) for n in 1 3; do OUT=$OUT/in-flight-$n REPEATS=5 IN_FLIGHT=$n SMALL_S=200 bash benchmarks/referee_gpu.sh measure_small
        grep -h "trusted servers\|slope_ms" $OUT/in-flight-$n/measure_small.err | cut -c1-260; done ;;
   e) SUITE_WALL=150 SUITE_S=380 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
+  # The CUDA fixture split for a fast build (no torch header in its .cu), jailed on the GPU, then 8 builds at once
+  f) GPU_TESTS="cuda_inline_softmax_split" TESTS_S=150 BUILDS_CANDIDATE=tests/fixtures/candidates/cuda_inline_softmax_split.py \
+       BUILDS_S=300 bash benchmarks/referee_gpu.sh tests,builds ;;
 esac
 for f in $OUT/*.err; do echo "== $f"; grep -v "^\s*$" "$f" | tail -4 | cut -c1-600; done

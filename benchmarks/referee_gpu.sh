@@ -66,6 +66,6 @@ if [[ $parts == *,bare,* ]]; then  # bare KernelBench files: honest kernels pass
     2>"$out/bare.err" | tee "$out/bare.md" | tail -14
 fi
 if [[ $parts == *,builds,* ]]; then  # load_inline builds per hour, without and with the precompiled header (issue 26)
-  timeout ${BUILDS_S:-300} python3 benchmarks/build_speed.py --at-once ${BUILDS_AT_ONCE:-8} 2>"$out/builds.err" | tail -6
+  timeout ${BUILDS_S:-300} python3 benchmarks/build_speed.py --at-once ${BUILDS_AT_ONCE:-8} ${BUILDS_CANDIDATE:+--candidate $BUILDS_CANDIDATE} 2>"$out/builds.err" | tail -6
   tail -3 "$out/builds.err"
 fi

@@ -24,8 +24,18 @@ from appliance.proposers.untrusted import fence_feedback
 
 PROMPTS = Path(__file__).parent / "prompts"
 LEFT_OUT = "(left out: the whole prompt did not fit the model's context window)"
-FIELDS = ("task_name", "task_source", "shapes", "device", "backends", "parent_label", "parent_source",
-          "parent_feedback", "inspirations", "history")
+FIELDS = ("task_name", "task_source", "shapes", "device", "backends", "backend_notes", "parent_label",
+          "parent_source", "parent_feedback", "inspirations", "history")
+# Per allowed backend, what makes its candidates cheap to evaluate. CUDA: nvcc's pass over torch's headers is most of
+# a load_inline build (68 s a build, 8 at once on 16 cores, H100); the C++ file gets torch's headers precompiled by
+# the evaluator (sandbox/builds.py), a .cu file cannot.
+BACKEND_NOTES = {
+    "cuda": "CUDA kernels built with torch.utils.cpp_extension.load_inline build much faster when the CUDA source "
+            "(cuda_sources) includes no torch header: pass no_implicit_headers=True, include only <cuda_runtime.h> "
+            "and the like there, with a plain launcher function taking raw pointers and sizes; put the "
+            "torch::Tensor wrapper that calls it in cpp_sources, starting with #include <torch/extension.h> (which "
+            "the evaluator has precompiled).",
+}
 
 
 @dataclass
@@ -152,6 +162,7 @@ def prompt_fields(ctx: PromptContext) -> dict[str, str]:
         "shapes": "\n".join(f"- {line}" for line in ctx.shapes) or "- main: the task file's own sizes",
         "device": ctx.device,
         "backends": ", ".join(ctx.backends),
+        "backend_notes": "".join(BACKEND_NOTES[b] + "\n" for b in ctx.backends if b in BACKEND_NOTES),
         "parent_label": ctx.parent.label or "parent",
         "parent_source": ctx.parent.source.strip(),
         "parent_feedback": fence_feedback(ctx.parent.feedback) or "(not evaluated yet)",

@@ -213,3 +213,16 @@ def test_concurrency_bounds_the_requests_of_calls_made_at_once(fake_llm):
         answers = list(pool.map(lambda _: llm.propose(ctx(), 2), range(3)))
     assert all(p.source for proposals in answers for p in proposals)
     assert len(server.requests) == 6 and server.max_in_flight == 2
+
+
+def test_the_system_prompt_tells_how_cuda_candidates_build_fast_only_where_cuda_is_allowed():
+    from dataclasses import replace
+
+    from appliance.proposers.llm import prompt_fields
+
+    system, _ = load_templates()
+    triton_only = system.substitute(prompt_fields(ctx()))
+    with_cuda = system.substitute(prompt_fields(replace(ctx(), backends=["triton", "cuda"])))
+    assert "cuda_sources" not in triton_only and "temp dir.\n\nDeclare" in triton_only
+    assert "cuda_sources" in with_cuda and "includes no torch header" in with_cuda
+    assert "the evaluator has precompiled).\n\nDeclare" in with_cuda
