@@ -110,9 +110,14 @@ DERIVED_FROM = 16  # module-level ints below this are kept as they are: mostly a
 
 
 def odd_size(n: int) -> int:
-    """An odd value next to n (no odd value above 1 is a power of two): a kernel that assumes a multiple of its
-    block, or a power of two, meets a size that is neither."""
-    return n if n < DERIVED_FROM or n % 2 else n - 1
+    """An odd value above n by up to an eighth (no odd value above 1 is a power of two): a kernel that assumes a
+    multiple of its block, or a power of two, meets a size that is neither; one whose block or grid was fitted to the
+    file's size (one block holds a row of exactly n) meets a size past it; and a kernel that drops the tail past its
+    last whole block drops a large one (n + p - 1, p a power of two: one short of a whole block of any size <= p)."""
+    if n < DERIVED_FROM:
+        return n
+    p = 1 << (max(2, n // 8).bit_length() - 1)  # the largest power of two <= n / 8
+    return (n + p - 1) | 1
 
 
 def smaller_size(n: int) -> int:
@@ -133,15 +138,21 @@ def derived_shapes(sizes: dict[str, Any], distribution: dict[str, Any]) -> list[
     odd = {k: _each_int(v, odd_size) for k, v in sizes.items()}
     small = {k: _each_int(v, smaller_size) for k, v in sizes.items()}
     dist = {"scale": 100.0, "fraction": 0.001}
+    # x100 and shifted off zero, by +4 standard deviations under even seeds and -4 under odd ones: rows that are all
+    # positive or all negative (a min or max whose masked lanes read 0 is wrong on them; zero-mean inputs hide it)
+    shifted = dist | {"shift": 4.0}
 
     def shape(name, sz, kind, layout, origin):
-        return Shape(name, sz, distribution if kind is None else {"kind": kind, **dist}, layout,
-                     f"derived: {origin}", timed=False)
+        return Shape(name, sz, distribution if kind is None else {"kind": kind, **(shifted if kind == "scaled" else
+                                                                                       dist)},
+                     layout, f"derived: {origin}", timed=False)
 
-    return [shape("odd", odd, None, "contiguous", "every size made odd (not a multiple of a block, nor a power of 2)"),
-            shape("smaller_scaled", small, "scaled", "contiguous", "every size near a quarter, odd; inputs x100"),
-            shape("strided_outliers", small, "outliers", "strided", "the smaller sizes, inputs as stride-2 views, "
-                  "0.1% of their values x100"),
+    return [shape("odd", odd, None, "contiguous", "every size made odd, up to an eighth above the file's (not a "
+                  "multiple of a block, nor a power of 2)"),
+            shape("smaller_scaled", small, "scaled", "contiguous", "every size near a quarter, odd; inputs x100, "
+                  "shifted +-4 standard deviations off zero"),
+            shape("strided_outliers", small, "outliers", "strided", "the smaller sizes, inputs as stride-2 views with "
+                  "rows further apart than that, 0.1% of their values x100"),
             shape("nonfinite", small, "nonfinite", "contiguous", "the smaller sizes, 0.1% of the inputs +inf, -inf "
                   "or NaN (where the reference's output is defined, the candidate's must match it)")]
 

@@ -80,7 +80,7 @@ def test_valid_kernelbench_file_loads(tmp_path):
         assert (main.name, main.sizes, main.layout) == ("main", {"batch_size": 4096, "dim": 65536}, "contiguous")
         assert main.distribution["kind"] == "default" and main.timed
         assert [(d.name, d.sizes, d.distribution["kind"], d.layout, d.timed) for d in derived] == [
-            ("odd", {"batch_size": 4095, "dim": 65535}, "default", "contiguous", False),
+            ("odd", {"batch_size": 4607, "dim": 73727}, "default", "contiguous", False),
             ("smaller_scaled", {"batch_size": 1025, "dim": 16385}, "scaled", "contiguous", False),
             ("strided_outliers", {"batch_size": 1025, "dim": 16385}, "outliers", "strided", False),
             ("nonfinite", {"batch_size": 1025, "dim": 16385}, "nonfinite", "contiguous", False)]
@@ -92,7 +92,7 @@ def test_derived_sizes_keep_small_ints_and_equal_sizes_equal(tmp_path):
     from appliance.tasks import derived_shapes
 
     odd, small, *_ = derived_shapes({"M": 4096, "K": 4096, "N": 1000, "dim": 1, "kernel_size": 3, "B": 16}, {})
-    assert odd.sizes == {"M": 4095, "K": 4095, "N": 999, "dim": 1, "kernel_size": 3, "B": 15}
+    assert odd.sizes == {"M": 4607, "K": 4607, "N": 1063, "dim": 1, "kernel_size": 3, "B": 17}
     assert small.sizes == {"M": 1025, "K": 1025, "N": 251, "dim": 1, "kernel_size": 3, "B": 5}
     assert all(v % 2 for k, v in odd.sizes.items() if k not in ("dim", "kernel_size"))
 
@@ -103,7 +103,7 @@ def test_sizes_assigned_together_are_sizes_too(tmp_path):
                                                              "batch_size, dim = 64, 512"))
     task = load_task(path)
     assert task.sizes == {"batch_size": 64, "dim": 512}
-    assert {s.name: s.sizes for s in task.shapes("full")}["odd"] == {"batch_size": 63, "dim": 511}
+    assert {s.name: s.sizes for s in task.shapes("full")}["odd"] == {"batch_size": 71, "dim": 575}
 
 
 def test_task_loads_from_a_string_path(tmp_path):

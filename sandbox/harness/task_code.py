@@ -88,7 +88,8 @@ def apply_distribution(args: list, dist: dict, seed: int) -> list:
             else:
                 a = torch.randn(shape, generator=gen, device=dev)
                 if dist["kind"] == "scaled":
-                    a = a * dist["scale"]
+                    shift = dist.get("shift", 0.0) * (1 if seed % 2 == 0 else -1)  # off zero, each sign in turn
+                    a = (a + shift) * dist["scale"]
                 elif dist["kind"] == "outliers":
                     mask = torch.rand(shape, generator=gen, device=dev) < dist["fraction"]
                     a = torch.where(mask, a * dist["scale"], a)
