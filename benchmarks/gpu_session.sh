@@ -18,5 +18,8 @@ case "$1" in
   # The CUDA fixture split for a fast build (no torch header in its .cu), jailed on the GPU, then 8 builds at once
   f) GPU_TESTS="cuda_inline_softmax_split" TESTS_S=150 BUILDS_CANDIDATE=tests/fixtures/candidates/cuda_inline_softmax_split.py \
        BUILDS_S=300 bash benchmarks/referee_gpu.sh tests,builds ;;
+  # Issue 25 after the gate's change (larger odd sizes, shifted inputs, a wider row pitch, secret seeds): every bare
+  # problem and every bundled baseline through it on the GPU
+  g) BARE_S=300 BUNDLED_EACH_S=25 bash benchmarks/referee_gpu.sh bare,bundled ;;
 esac
 for f in $OUT/*.err; do echo "== $f"; grep -v "^\s*$" "$f" | tail -4 | cut -c1-600; done
