@@ -175,8 +175,10 @@ def test_a_server_that_stalls_its_smaller_batches_gains_nothing_by_it(session, s
     import sandbox.harness.referee as referee_module
 
     # On the CPU, K comes from the server's own estimate: on a loaded host (CI, 2 cores) a slow estimate gave
-    # batches of one call, one size, and no line. Longer batches keep K >= 2 whatever the load.
+    # batches of one call, one size, and no line. Longer batches keep K >= 2 whatever the load, and more of them
+    # keep each size's median clear of a hiccup (with 2 large batches, one slow one moved the line as a stall does).
     monkeypatch.setitem(referee_module.BATCH_TARGET_MS, "cpu", 100.0)
+    monkeypatch.setitem(referee_module.MIN_BATCHES, "cpu", 15)
     referee, server, sh = session
     honest, trusted = referee._timed(sh, check=False)  # (as the trusted server: its own intercept)
     stall_s = 0.02
