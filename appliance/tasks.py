@@ -137,24 +137,21 @@ def derived_shapes(sizes: dict[str, Any], distribution: dict[str, Any]) -> list[
     dropped and listed with the reason (sandbox/harness/referee.py)."""
     odd = {k: _each_int(v, odd_size) for k, v in sizes.items()}
     small = {k: _each_int(v, smaller_size) for k, v in sizes.items()}
-    dist = {"scale": 100.0, "fraction": 0.001}
-    # x100 and shifted off zero, by +4 standard deviations under even seeds and -4 under odd ones: rows that are all
-    # positive or all negative (a min or max whose masked lanes read 0 is wrong on them; zero-mean inputs hide it)
-    shifted = dist | {"shift": 4.0}
+    extra = {"scale": 100.0, "fraction": 0.001}
 
-    def shape(name, sz, kind, layout, origin):
-        return Shape(name, sz, distribution if kind is None else {"kind": kind, **(shifted if kind == "scaled" else
-                                                                                       dist)},
-                     layout, f"derived: {origin}", timed=False)
+    def shape(name, sz, dist, layout, origin):
+        return Shape(name, sz, dist or distribution, layout, f"derived: {origin}", timed=False)
 
     return [shape("odd", odd, None, "contiguous", "every size made odd, up to an eighth above the file's (not a "
                   "multiple of a block, nor a power of 2)"),
-            shape("smaller_scaled", small, "scaled", "contiguous", "every size near a quarter, odd; inputs x100, "
-                  "shifted +-4 standard deviations off zero"),
-            shape("strided_outliers", small, "outliers", "strided", "the smaller sizes, inputs as stride-2 views with "
-                  "rows further apart than that, 0.1% of their values x100"),
-            shape("nonfinite", small, "nonfinite", "contiguous", "the smaller sizes, 0.1% of the inputs +inf, -inf "
-                  "or NaN (where the reference's output is defined, the candidate's must match it)")]
+            # x100 and shifted off zero, +4 standard deviations under even seeds and -4 under odd ones: rows all
+            # positive or all negative (a min or max whose masked lanes read 0 is wrong on them; zero-mean hides it)
+            shape("smaller_scaled", small, {"kind": "scaled", **extra, "shift": 4.0}, "contiguous",
+                  "every size near a quarter, odd; inputs x100, shifted +-4 standard deviations off zero"),
+            shape("strided_outliers", small, {"kind": "outliers", **extra}, "strided", "the smaller sizes, inputs as "
+                  "stride-2 views with rows further apart than that, 0.1% of their values x100"),
+            shape("nonfinite", small, {"kind": "nonfinite", **extra}, "contiguous", "the smaller sizes, 0.1% of the "
+                  "inputs +inf, -inf or NaN (where the reference's output is defined, the candidate's must match it)")]
 
 
 @dataclass
