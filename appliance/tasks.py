@@ -47,7 +47,7 @@ class ShapeSpec(_Strict):
     name: str
     sizes: dict[str, int] = {}
     distribution: Distribution | None = None
-    layout: Literal["contiguous", "strided"] = "contiguous"
+    layout: Literal["contiguous", "strided", "padded"] = "contiguous"
     modes: list[Literal["small", "full"]] = list(MODES)
 
     @field_validator("distribution", mode="before")
@@ -125,6 +125,12 @@ def smaller_size(n: int) -> int:
     return n if n < DERIVED_FROM else (n // 4) | 1
 
 
+def aligned_size(n: int) -> int:
+    """16 times an odd number, near a quarter of n: even and not a power of two. A kernel that takes a multiple of 16
+    for a multiple of its block (and drops the tail past its last whole block) drops up to a block's worth here."""
+    return n if n < DERIVED_FROM else 16 * ((n // 64) | 1)
+
+
 def _each_int(value, change):
     """A size with `change` applied to it, or to each int of a tuple of sizes (`input_shape = (32768,)`)."""
     return tuple(change(v) for v in value) if isinstance(value, (tuple, list)) else change(value)
@@ -137,6 +143,7 @@ def derived_shapes(sizes: dict[str, Any], distribution: dict[str, Any]) -> list[
     dropped and listed with the reason (sandbox/harness/referee.py)."""
     odd = {k: _each_int(v, odd_size) for k, v in sizes.items()}
     small = {k: _each_int(v, smaller_size) for k, v in sizes.items()}
+    aligned = {k: _each_int(v, aligned_size) for k, v in sizes.items()}
     extra = {"scale": 100.0, "fraction": 0.001}
 
     def shape(name, sz, dist, layout, origin):
@@ -151,7 +158,10 @@ def derived_shapes(sizes: dict[str, Any], distribution: dict[str, Any]) -> list[
             shape("strided_outliers", small, {"kind": "outliers", **extra}, "strided", "the smaller sizes, inputs as "
                   "stride-2 views with rows further apart than that, 0.1% of their values x100"),
             shape("nonfinite", small, {"kind": "nonfinite", **extra}, "contiguous", "the smaller sizes, 0.1% of the "
-                  "inputs +inf, -inf or NaN (where the reference's output is defined, the candidate's must match it)")]
+                  "inputs +inf, -inf or NaN (where the reference's output is defined, the candidate's must match it)"),
+            shape("aligned_padded", aligned, None, "padded", "every size 16 x an odd number near a quarter (even, "
+                  "not a power of 2); inputs as the rows of a wider buffer: inner stride 1, rows 16 elements further "
+                  "apart than their width")]
 
 
 @dataclass

@@ -21,5 +21,12 @@ case "$1" in
   # Issue 25 after the gate's change (larger odd sizes, shifted inputs, a wider row pitch, secret seeds): every bare
   # problem and every bundled baseline through it on the GPU
   g) BARE_S=300 BUNDLED_EACH_S=25 bash benchmarks/referee_gpu.sh bare,bundled ;;
+  # 2026-12-06, third session: g's bare problems (now with the aligned, padded shape) beside every bundled baseline,
+  # at once to fit one call (the bare table's device-time ratios are then measured with the baselines' load beside)
+  h) BARE_S=560 bash benchmarks/referee_gpu.sh bare & BUNDLED_EACH_S=42 OUT=$OUT/bundled bash benchmarks/referee_gpu.sh bundled; wait ;;
+  # d's probe (shorter) and f's builds only
+  i) for n in 1 3; do OUT=$OUT/in-flight-$n REPEATS=4 IN_FLIGHT=$n SMALL_S=140 bash benchmarks/referee_gpu.sh measure_small
+       grep -h "trusted servers\|slope_ms" $OUT/in-flight-$n/measure_small.err | cut -c1-260; done
+     BUILDS_CANDIDATE=tests/fixtures/candidates/cuda_inline_softmax_split.py BUILDS_S=240 bash benchmarks/referee_gpu.sh builds ;;
 esac
-for f in $OUT/*.err; do echo "== $f"; grep -v "^\s*$" "$f" | tail -4 | cut -c1-600; done
+for f in $OUT/*.err $OUT/*/*.err; do echo "== $f"; grep -v "^\s*$" "$f" | tail -4 | cut -c1-600; done

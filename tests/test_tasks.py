@@ -83,7 +83,8 @@ def test_valid_kernelbench_file_loads(tmp_path):
             ("odd", {"batch_size": 4607, "dim": 73727}, "default", "contiguous", False),
             ("smaller_scaled", {"batch_size": 1025, "dim": 16385}, "scaled", "contiguous", False),
             ("strided_outliers", {"batch_size": 1025, "dim": 16385}, "outliers", "strided", False),
-            ("nonfinite", {"batch_size": 1025, "dim": 16385}, "nonfinite", "contiguous", False)]
+            ("nonfinite", {"batch_size": 1025, "dim": 16385}, "nonfinite", "contiguous", False),
+            ("aligned_padded", {"batch_size": 1040, "dim": 16400}, "default", "padded", False)]
         assert all(d.origin.startswith("derived: ") for d in derived)
     assert task.work(task.sizes) == (None, None)
 
@@ -95,6 +96,25 @@ def test_derived_sizes_keep_small_ints_and_equal_sizes_equal(tmp_path):
     assert odd.sizes == {"M": 4607, "K": 4607, "N": 1063, "dim": 1, "kernel_size": 3, "B": 17}
     assert small.sizes == {"M": 1025, "K": 1025, "N": 251, "dim": 1, "kernel_size": 3, "B": 5}
     assert all(v % 2 for k, v in odd.sizes.items() if k not in ("dim", "kernel_size"))
+
+
+def test_derived_widths_are_neither_powers_of_two_nor_multiples_of_a_block():
+    from appliance.tasks import aligned_size, odd_size
+
+    for n in (64, 1000, 4096, 8192, 65536):
+        odd, aligned = odd_size(n), aligned_size(n)
+        assert odd % 2 == 1 and n < odd <= n + n // 8
+        assert aligned % 16 == 0 and aligned % 32 != 0  # even, yet no whole number of any block of 32 or more
+
+
+def test_the_gates_layouts_put_rows_further_apart_than_their_width():
+    from sandbox.harness.referee import _strides
+
+    assert _strides((4, 100), "contiguous") is None
+    assert _strides((4, 100), "strided") == (202, 2)  # a stride-2 view, rows 2 x width + 2 apart
+    assert _strides((4, 100), "padded") == (116, 1)  # inner stride 1, rows 16 elements apart more than their width
+    assert _strides((3, 4, 100), "padded") == (464, 116, 1)
+    assert _strides((100,), "padded") is None  # one row: nothing to pad between
 
 
 def test_sizes_assigned_together_are_sizes_too(tmp_path):

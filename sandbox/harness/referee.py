@@ -390,17 +390,21 @@ def private_bytes(device: str, records: list[dict]) -> int:
 
 
 def _strides(shape, layout_kind: str) -> tuple[int, ...] | None:
-    """Contiguous, or for the "strided" layout every row in a buffer twice as wide and then some (a stride-2 view
-    whose rows are further apart than 2 x their width: a kernel that takes a row's start as row x width x the inner
-    stride, ignoring the outer strides, reads the wrong rows)."""
-    if layout_kind != "strided" or not shape:
+    """Contiguous, or rows in a wider buffer, so that a kernel taking a row's start as row x width (ignoring the
+    outer strides) reads the wrong rows:
+    - "strided": a stride-2 view whose rows are further apart than 2 x their width;
+    - "padded": inner stride 1, rows 16 elements further apart than their width (a slice of a wider buffer)."""
+    if layout_kind not in ("strided", "padded") or not shape:
         return None
-    wide = (*shape[:-1], 2 * shape[-1] + 2)
+    if layout_kind == "padded" and len(shape) < 2:
+        return None  # one row: nothing to pad between
+    inner = 2 if layout_kind == "strided" else 1
+    wide = (*shape[:-1], 2 * shape[-1] + 2 if inner == 2 else shape[-1] + 16)
     strides, step = [], 1
     for n in reversed(wide):
         strides.insert(0, step)
         step *= max(n, 1)
-    return (*strides[:-1], 2)
+    return (*strides[:-1], inner)
 
 
 def _checksums(outs: list[list]) -> list[int]:

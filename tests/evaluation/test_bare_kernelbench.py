@@ -50,7 +50,8 @@ def test_the_honest_kernel_passes_every_derived_shape(pipeline, task):
     outcome = pipeline.evaluate(task, FIXTURES / "candidates" / "good.py")
     assert outcome.verdict == "pass", outcome.reason
     shapes = {s["name"]: s for s in outcome.details["shapes"]}
-    assert set(shapes) == {"main", "odd", "smaller_scaled", "strided_outliers", "nonfinite"}
+    assert set(shapes) == {"main", "odd", "smaller_scaled", "strided_outliers", "nonfinite",
+                           "aligned_padded"}
     assert shapes["odd"]["sizes"] == {"batch_size": 8, "dim": 143} and shapes["odd"]["origin"].startswith("derived")
     assert shapes["strided_outliers"]["layout"] == "strided" and shapes["nonfinite"]["distribution"] == "nonfinite"
     checked = {(c["shape"], c["seed"]) for c in outcome.details["cases"]}
@@ -116,6 +117,8 @@ ATTACKS = {
     "rowmin_other0": ("row_min", "wrong_output", "smaller_scaled"),  # the x100 inputs now shifted off zero
     "rowsum_stride": ("row_sum", "wrong_output", "strided_outliers"),  # rows further apart than 2 x their width
     "gelu_fingerprint": ("gelu_gate_add", "wrong_output", "odd"),  # the checks' inputs under secret seeds
+    "rowsum_aligned": ("row_sum", "wrong_output", "aligned_padded"),  # a width of 16 x odd: even, no power of 2
+    "rowsum_pitch": ("row_sum", "wrong_output", "aligned_padded"),  # inner stride 1, rows further apart than wide
 }
 
 
@@ -135,8 +138,6 @@ def test_an_attackers_wrong_kernel_on_a_bare_problem_is_caught(pipeline, tmp_pat
 GAPS = {
     "l2n_detect": ("l2_normalize", "the derived sizes are deterministic: a kernel can recognise every shape the gate "
                    "checks and be wrong only elsewhere"),
-    "rowsum_aligned": ("row_sum", "no checked width is even and not a power of two (a multiple of 16 here)"),
-    "rowsum_pitch": ("row_sum", "no checked view has an inner stride of 1 and rows further apart than their width"),
 }
 
 
