@@ -65,6 +65,25 @@ def test_a_long_reduction_summed_serially_in_blocks_passes_and_its_fp16_shortcut
     assert _check(x.half().float().sum(-1), r64, eager)["kind"] == "wrong_output"
 
 
+def test_a_serial_scan_over_kernelbenchs_cumsum_width_passes_and_its_fp16_shortcut_fails():
+    """A fully serial fp32 scan over 32768 values (KernelBench's cumsum, as Triton's interpreter runs tl.cumsum)
+    went over a 64-fold accumulation allowance by up to 1.9x: the honest order the bound's `a` term exists for."""
+    x = torch.randn(8, 32768, generator=torch.Generator().manual_seed(2))
+    r64, eager = x.double().cumsum(-1), x.cumsum(-1)
+    serial = torch.from_numpy(x.numpy().cumsum(-1, dtype="float32"))
+    assert _check(serial, r64, eager) is None
+    assert _check(torch.from_numpy(x.half().float().numpy().cumsum(-1, dtype="float32")), r64, eager)["kind"] == \
+        "wrong_output"
+
+
+def test_tanh_written_out_passes_and_its_fp16_shortcut_fails():
+    """1 - 2 / (exp(2x) + 1): the same function as an honest kernel writes it, a few roundings more."""
+    x = torch.randn(64, 4096, generator=torch.Generator().manual_seed(3)) * 2.5
+    r64, eager = torch.tanh(x.double()), torch.tanh(x)
+    assert _check(1 - 2 / (torch.exp(2 * x) + 1), r64, eager) is None
+    assert _check(torch.tanh(x.half().float()), r64, eager)["kind"] == "wrong_output"
+
+
 def test_elementwise_ops_allow_a_few_units_of_roundoff_and_no_more():
     x = torch.linspace(-6, 6, 100_001)
     r64, eager = torch.nn.functional.gelu(x.double()), torch.nn.functional.gelu(x)
