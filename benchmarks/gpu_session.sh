@@ -23,7 +23,7 @@ case "$1" in
   g) BARE_S=300 BUNDLED_EACH_S=25 bash benchmarks/referee_gpu.sh bare,bundled ;;
   # 2026-12-06, third session: g's bare problems (now with the aligned, padded shape) beside every bundled baseline,
   # at once to fit one call (the bare table's device-time ratios are then measured with the baselines' load beside)
-  h) BARE_S=560 bash benchmarks/referee_gpu.sh bare & BUNDLED_EACH_S=42 OUT=$OUT/bundled bash benchmarks/referee_gpu.sh bundled; wait ;;
+  h) BARE_S=530 bash benchmarks/referee_gpu.sh bare & BUNDLED_EACH_S=42 OUT=$OUT/bundled bash benchmarks/referee_gpu.sh bundled; wait ;;
   # d's probe (shorter) and f's builds only
   i) for n in 1 3; do OUT=$OUT/in-flight-$n REPEATS=4 IN_FLIGHT=$n SMALL_S=140 bash benchmarks/referee_gpu.sh measure_small
        grep -h "trusted servers\|slope_ms" $OUT/in-flight-$n/measure_small.err | cut -c1-260; done
