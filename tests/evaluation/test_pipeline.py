@@ -61,7 +61,9 @@ def test_the_referee_and_the_server_end_with_the_evaluation_whatever_the_verdict
     assert stages["cpu_s"] > 0.1  # importing torch alone takes more than a tenth of a second
     assert [c["kind"] for c in good.details["cases"]] == ["pass"] * 6  # 3 shapes x 2 seeds
     bad = pipeline.evaluate(task, candidate("edge_wrong"))
-    assert bad.verdict == "wrong_output", bad.reason
+    # Its bug shows only where a row's largest value is small: the checked inputs can miss it (outliers at the odd
+    # shape), and then a timed call's check finds it.
+    assert bad.verdict in ("wrong_output", "timed_output_mismatch"), bad.reason
     crashed = pipeline.evaluate(task, candidate("raises"))
     assert crashed.verdict == "runtime_error", crashed.reason
     pipeline.close()

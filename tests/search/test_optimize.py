@@ -72,8 +72,10 @@ def test_a_run_killed_mid_evaluation_resumes_without_losing_or_repeating_work(ap
     try:  # kill -9 while the second candidate is being evaluated
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
+            # (its job folder made too: the status is set a moment before the folder gets the task's copy)
             if (home / "appliance.db").exists() and rows(
-                    home, "SELECT count(*) FROM candidate WHERE status = 'evaluating' AND id > 1")[0][0]:
+                    home, "SELECT count(*) FROM candidate WHERE status = 'evaluating' AND id > 1")[0][0] \
+                    and any((home / "jobs").rglob("task.py")):
                 break
             time.sleep(0.2)
         else:
