@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The referee's GPU call: a smoke evaluation, the GPU tests, then the measurement table (referee vs do_bench, CV).
-#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite,bare_suite,bundled,bare,builds]   (default: all; output under $OUT)
+#   bash benchmarks/referee_gpu.sh [smoke,tests,measure,measure_small,suite,bare_suite,bundled,bare,builds,check_cost]   (default: all; output under $OUT)
 set -uo pipefail
 parts=",${1:-smoke,tests,measure,measure_small,suite},"  # (commas round every part: "measure" is not "measure_small")
 out=${OUT:-/tmp/referee-gpu}; mkdir -p "$out"
@@ -30,13 +30,17 @@ if [[ $parts == *,measure,* ]]; then
   timeout ${MEASURE_S:-400} python3 benchmarks/measurement.py --tasks ${MEASURE_TASKS:-rmsnorm,softmax} --repeats ${REPEATS:-10} \
     2>"$out/measure.err" | tail -8
 fi
+if [[ $parts == *,check_cost,* ]]; then  # the checked timed calls judged whole against sampled (device time)
+  timeout ${CHECK_COST_S:-300} python3 benchmarks/check_cost.py --tasks ${CHECK_COST_TASKS:-rmsnorm} \
+    --repeats ${REPEATS:-2} 2>"$out/check_cost.err" | tee "$out/check_cost.md" | tail -6
+fi
 if [[ $parts == *,measure_small,* ]]; then
   timeout ${SMALL_S:-300} python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats ${REPEATS:-10} --in-flight ${IN_FLIGHT:-3} \
     2>"$out/measure_small.err" | tail -4
 fi
 if [[ $parts == *,suite,* ]]; then  # evaluations per GPU-hour: the tuner on rmsnorm, beside the naive harness
   timeout ${SUITE_S:-330} python3 benchmarks/optimize_suite.py --tasks rmsnorm --max-candidates 1000 \
-    --max-wall ${SUITE_WALL:-240} --in-flight 16 --out /dev/shm/suite ${SUITE_NAIVE:---compare-naive --naive-max 5} \
+    --max-wall ${SUITE_WALL:-240} --in-flight ${SUITE_IN_FLIGHT:-16} --out /dev/shm/suite ${SUITE_NAIVE:---compare-naive --naive-max 5} \
     2>"$out/suite.err" | tail -6
 fi
 if [[ $parts == *,bare_suite,* ]]; then  # evaluations per GPU-hour with derived shapes on: a bare file, its own kernel tuned

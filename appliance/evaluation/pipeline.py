@@ -70,6 +70,9 @@ class EvalSettings:
     # Stop every other evaluation's processes while one measures (sandbox/gate.py): off only to measure what the
     # quiet costs and buys (benchmarks/quiet_probe.py).
     quiet_measurements: bool = True
+    # Elements of each output a sampled timed call is judged at, after each shape's first (judged whole); None: the
+    # referee's CHECKED_ELEMENTS. Tests set it small to reach that path at small sizes.
+    checked_elements: int | None = None
 
 
 class Details(TypedDict, total=False):
@@ -278,7 +281,8 @@ class Pipeline:
     def _common_spec(self, task: Task, device: str, mode: str) -> dict:
         return {"device": device, "dtype": task.manifest.dtype, "seeds": list(range(task.manifest.seeds)),
                 "shapes": [vars(sh) for sh in task.shapes(mode)], "timing_budget_s": self.settings.timing_budget_s,
-                "tolerances": task.tolerances()}
+                "tolerances": task.tolerances()} | (
+                    {"checked_elements": self.settings.checked_elements} if self.settings.checked_elements else {})
 
     def _key(self, task: Task, device: str, mode: str) -> str:
         return "|".join([str(task.path), hashlib.sha256((task.source + task.manifest_text).encode()).hexdigest(), mode,

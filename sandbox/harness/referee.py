@@ -27,7 +27,7 @@ contexts costs more than the round trip), and our own read of the outputs; each 
 server.
 Afterwards it picks in secret which timed calls to check (enough that skipping 5% of calls is caught with
 probability >= 0.999), copies their outputs at once, draws their inputs again from their seeds, and checks inputs
-and outputs against the float64 reference. Outputs must be final when the server answers: their checksums are
+and outputs against the float64 reference: the first of a shape whole, the others at elements drawn in secret. Outputs must be final when the server answers: their checksums are
 taken again at once and after the checks.
 """
 
@@ -72,6 +72,10 @@ FIXED_SLACK = 0.02
 SPIN_S = 0.05  # the referee polls this long for an answer before it blocks (GPU; see protocol.receive)
 ENERGY_WINDOW_S, ENERGY_MAX_BATCHES = 0.1, 30  # energy: calls over at least this long, or this many batches
 SETTLE_S = 0.02  # between an answer and the second look at its outputs
+# A sampled timed call is judged at this many secretly drawn elements of each output (all of a smaller one), the
+# first sampled call of each shape whole: judging a whole 1 GiB output took tens of float64 passes over it, and the
+# ~140 sampled calls of a full-size shape held the device for most of an evaluation.
+CHECKED_ELEMENTS = 1 << 16
 WAIT_LOOK_S, STOPPED_GAP_S = 1.0, 3.0  # waiting for an answer: a look a second; a longer gap is time stopped
 
 
@@ -444,6 +448,8 @@ class Referee:
         self.task = None
         self.provenance: dict = {}
         self.cases: list[dict] = []
+        self._models_key, self._models = None, None  # the last reference Models built (_reference_models)
+        self._whole_check_due = True  # the next sampled timed call is judged whole (_check_timed)
 
     # --- the whole run ---------------------------------------------------------------------------------------
 
@@ -628,6 +634,7 @@ class Referee:
                                "reason": "", "margin": round(margin, 4)})
             del args, snapshot, outs
         slots.close()
+        self._models_key, self._models = None, None
         if self.cuda:
             torch.cuda.empty_cache()
 
@@ -642,31 +649,51 @@ class Referee:
         p["own_launches"] = launches if "own_launches" not in p else min(p["own_launches"], launches)
         p["calls"] = p.get("calls", 0) + 1
 
-    def _compare(self, sh: dict, init: list, seed: int, args: list, outs: list, where: str, verdict: Verdict) -> float:
+    def _compare(self, sh: dict, init: list, seed: int, args: list, outs: list, where: str, verdict: Verdict,
+                 elements: int | None = None) -> float:
         """`outs` against the float64 reference for `args`, within a bound tied to the precision the task's own
         Model reaches in its dtype on the same inputs (compare.py), unless the manifest sets one; a failure is
-        `verdict`-kind (timed calls) or its own. Returns the largest error as a fraction of its bound."""
+        `verdict`-kind (timed calls) or its own. With `elements`, judged at that many secretly drawn elements of
+        each output (compare.secret_sample). Returns the largest error as a fraction of its bound."""
         import torch
 
         from sandbox.harness.common import cast_floating
-        from sandbox.harness.compare import compare_outputs
+        from sandbox.harness.compare import compare_in_norm, compare_outputs, secret_sample
 
-        eager_model = build_model(self.spec, self.task, init, seed, self.device, self.dtype)
+        eager_model, model = self._reference_models(sh, init, seed)
         with torch.no_grad():
             eager = as_outputs(task_call("the task's Model", self.spec, eager_model, *args))
-            model = eager_model.to(torch.float64)
             refs = as_outputs(task_call("float64 reference", self.spec, model, *cast_floating(args, torch.float64)))
         margins: list[float] = []
+        failure = None
+        if elements is not None:  # the whole output in norm form, then the per-element bound at a secret sample
+            where += f" (judged in L2 over each whole output, then at {elements} secretly drawn elements)"
+            failure = compare_in_norm(outs, refs, self.spec["tolerances"], where, eager=eager)
+            outs, refs, eager = secret_sample(outs, refs, eager, elements, self.secret.getrandbits(62))
         # Inputs with inf and NaN: only what the reference defines (a finite result) is judged.
         defined_only = sh["shape"]["distribution"]["kind"] == "nonfinite"
-        failure = compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where, eager=eager,
-                                  margins=margins, defined_only=defined_only)
+        failure = failure or compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where, eager=eager,
+                                             margins=margins, defined_only=defined_only)
         if not failure:
             return max(margins, default=0.0)
         if verdict == Verdict.TIMED_OUTPUT_MISMATCH:
             raise Rejected(verdict, Stage.TIMING, f"{failure['kind']}: {failure['reason']} (the outputs of timed "
                            "calls must be as correct as those of the correctness calls)")
         raise Rejected(Verdict(failure["kind"]), Stage.CORRECTNESS, failure["reason"])
+
+    def _reference_models(self, sh: dict, init: list, seed: int) -> tuple:
+        """The task's Model in its dtype and in float64 at this shape and seed: the last pair is kept, since a
+        shape's sampled timed calls are all checked against the same one (building it each time cost as much as a
+        large Model's weights drawn on the CPU)."""
+        import torch
+
+        key = (sh["shape"]["name"], seed)
+        if self._models_key != key:
+            self._models_key, self._models = None, None  # (the last pair freed before the next is built)
+            eager = build_model(self.spec, self.task, init, seed, self.device, self.dtype)
+            reference = build_model(self.spec, self.task, init, seed, self.device, self.dtype).to(torch.float64)
+            self._models_key, self._models = key, (eager, reference)
+        return self._models
 
     def _build(self, sh: dict, seed: int) -> list:
         set_sizes(self.task, sh["shape"])
@@ -732,6 +759,7 @@ class Referee:
                 cal["tiny_ms"] *= per_batch / fewest_trusted
             net_cal = cal | {"tiny_ms": 0.0} if per_batch > 1 else cal  # two sizes: the intercept replaces "tiny"
             nets, reads, checked, self._launches, self._in_arena, self._raw = [], [], 0, math.inf, [], []
+            self._whole_check_due = True
             self._staged = []
             for k in sizes:
                 per_call, read, seeds, sums, sample, outs = self._batch(slots, k, net_cal, p, read_cap)
@@ -772,7 +800,9 @@ class Referee:
                 summary |= energy
                 checked += more
             slots.close()
-        summary |= {"checked_calls": checked, "check_probability": round(p, 4)}
+            self._models_key, self._models = None, None
+        summary |= {"checked_calls": checked, "check_probability": round(p, 4),
+                    "checked_elements_after_the_first": self.spec.get("checked_elements", CHECKED_ELEMENTS)}
         return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "stage_ms": staged,
                          "calls_per_batch": per_batch, "fixed_ms": max(own_fixed, 0.0)}
 
@@ -880,7 +910,9 @@ class Referee:
             if changed := slots.mutated(j, args):
                 raise Rejected(Verdict.INPUT_MUTATED, Stage.TIMING, f"forward modified input(s) {changed} in place "
                                f"{where}")
-            self._compare(sh, init, seed0, args, copies, where, Verdict.TIMED_OUTPUT_MISMATCH)
+            elements = None if self._whole_check_due else self.spec.get("checked_elements", CHECKED_ELEMENTS)
+            self._whole_check_due = False
+            self._compare(sh, init, seed0, args, copies, where, Verdict.TIMED_OUTPUT_MISMATCH, elements)
             if any(not _same(a, b) for a, b in zip(outs[j], copies)):
                 raise Rejected(Verdict.DEFERRED_WORK, Stage.TIMING, f"a timed call's output changed after the kernel "
                                f"server answered {where}")

@@ -7,14 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sandbox.harness.compare import compare_outputs
+from sandbox.harness.compare import compare_in_norm, compare_outputs
 
 WHERE = "at shape main, seed 0"
 
 
 def _check(candidate: torch.Tensor, reference64: torch.Tensor, eager: torch.Tensor, tolerances=None):
     expected = [{"dtype": str(candidate.dtype).removeprefix("torch."), "shape": list(candidate.shape)}]
-    return compare_outputs([candidate], [reference64], expected, tolerances or {}, WHERE, eager=[eager])
+    failure = compare_outputs([candidate], [reference64], expected, tolerances or {}, WHERE, eager=[eager])
+    if failure is None:  # what passes element by element passes the norm form too (a sampled timed call's check)
+        assert compare_in_norm([candidate], [reference64], tolerances or {}, WHERE, eager=[eager]) is None
+    return failure
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +156,67 @@ def test_inputs_with_nan_judge_only_what_the_reference_defines():
     wrong = nan_to_zero.clone()
     wrong[1] += 1.0
     assert compare_outputs([wrong], [r64], expected, {}, WHERE, eager=[eager], defined_only=True) is not None
+
+
+# --- a sampled timed call, judged at secretly drawn elements (compare.secret_sample) -------------------------------
+
+def _judged_at_a_sample(candidate, reference64, eager, elements=1 << 12, seed=7):
+    from sandbox.harness.compare import secret_sample
+
+    outs, refs, eagers = secret_sample([candidate], [reference64], [eager], elements, seed)
+    assert outs[0].numel() == min(elements, candidate.numel())
+    expected = [{"dtype": str(candidate.dtype).removeprefix("torch."), "shape": list(outs[0].shape)}]
+    return compare_outputs(outs, refs, expected, {}, WHERE, eager=eagers)
+
+
+def test_a_sample_of_an_honest_output_passes_and_of_a_wrong_one_fails(logits):
+    r = torch.softmax(logits.double(), -1)
+    e = torch.softmax(logits, -1)
+    assert _judged_at_a_sample(_blocked_softmax(logits), r, e) is None
+    assert _judged_at_a_sample(e * 1.002, r, e)["kind"] == "wrong_output"
+
+
+def test_a_sample_finds_a_call_that_skipped_one_row_in_sixty_four(logits):
+    """Skipping any part of a call worth time leaves wrong values at ~1/64 of the elements here: 4096 drawn ones
+    miss them all with probability (63/64)^4096, about 1e-28."""
+    x = logits.repeat(8, 1)  # 64 rows
+    r, e = torch.softmax(x.double(), -1), torch.softmax(x, -1)
+    skipped = e.clone()
+    skipped[37] = torch.softmax(torch.randn(8192, generator=torch.Generator().manual_seed(2)), -1)  # a stale row
+    assert _judged_at_a_sample(e, r, e) is None
+    for seed in range(5):
+        assert _judged_at_a_sample(skipped, r, e, seed=seed)["kind"] == "wrong_output"
+
+
+def test_the_sample_is_drawn_from_the_secret_seed_and_small_outputs_stay_whole(logits):
+    from sandbox.harness.compare import secret_sample
+
+    r, e = torch.softmax(logits.double(), -1), torch.softmax(logits, -1)
+    a = secret_sample([e], [r], [e], 1 << 10, seed=1)
+    b = secret_sample([e], [r], [e], 1 << 10, seed=1)
+    c = secret_sample([e], [r], [e], 1 << 10, seed=2)
+    assert torch.equal(a[0][0], b[0][0]) and not torch.equal(a[0][0], c[0][0])
+    whole = secret_sample([e], [r], [e], e.numel(), seed=1)
+    assert whole[0][0] is e and whole[1][0] is r
+    wrong_shape = e[:4]
+    kept = secret_sample([wrong_shape], [r], [e], 1 << 10, seed=1)
+    assert kept[0][0] is wrong_shape  # judged whole: its check fails on the shape
+
+
+def test_a_stale_answer_that_differs_at_few_elements_is_missed_by_the_sample_and_caught_in_norm():
+    """A mostly constant output (one hot per row): last call's answer left in place differs from the right one at
+    two elements of a row, 32 of 1048576, which a sample of 4096 misses (with probability 0.88; this sample does); the
+    norm form over all of them does not."""
+    x = torch.randn(16, 65536, generator=torch.Generator().manual_seed(8))
+    previous = torch.randn(16, 65536, generator=torch.Generator().manual_seed(9))
+
+    def one_hot(v):
+        return torch.nn.functional.one_hot(v.argmax(-1), v.shape[-1]).to(v.dtype)
+
+    r64, eager, stale = one_hot(x.double()), one_hot(x), one_hot(previous)
+    assert _judged_at_a_sample(stale, r64, eager) is None  # the gap the norm form closes
+    failure = compare_in_norm([stale], [r64], {}, WHERE, eager=[eager])
+    assert failure["kind"] == "wrong_output" and "in L2" in failure["reason"]
+    assert compare_in_norm([eager], [r64], {}, WHERE, eager=[eager]) is None
+    ints = compare_in_norm([stale.long()], [r64], {}, WHERE)  # exact outputs: any distance is too much
+    assert ints["kind"] == "wrong_output"

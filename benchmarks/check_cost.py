@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""What judging the checked timed calls costs: a shape's later checked calls judged whole, element by element (as
+before 2026-12-06), against the same calls judged in L2 and at the referee's secret sample of elements.
+
+    python3 benchmarks/check_cost.py [--tasks rmsnorm] [--candidate-dir benchmarks/baselines] [--repeats 2]
+                                     [--device auto] [--mode full|small] [--timing-budget 1.0]
+                                     [--sizes batch_size=2048] [--candidate NAME]
+
+Each task's candidate (its bundled baseline) is evaluated --repeats times each way through the real jailed
+pipeline, alternating, with the baselines prepared once. "whole" sets the sample larger than any output, so every
+checked call is judged element by element (the L2 pass runs too: "whole" is, if anything, a little slower than the
+old gate). Reported per way: the referee's correctness and timing stages (the device is held for both), the checked
+calls of the main shape and the main shape's median, so that the timing itself can be seen unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from appliance.evaluation.pipeline import EvalSettings, Pipeline, resolve_device  # noqa: E402
+from appliance.tasks import load_task  # noqa: E402
+from sandbox.harness.referee import CHECKED_ELEMENTS  # noqa: E402
+from sandbox.jail import Jail  # noqa: E402
+
+WAYS = {"whole": 1 << 62, "sampled": CHECKED_ELEMENTS}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", default="rmsnorm")
+    parser.add_argument("--candidate-dir", type=Path, default=REPO / "benchmarks" / "baselines")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--mode", default=None)
+    parser.add_argument("--timing-budget", type=float, default=1.0)
+    parser.add_argument("--sizes", default="", help="main-shape sizes to override, e.g. batch_size=2048")
+    parser.add_argument("--candidate", default=None, help="the candidate file's name in --candidate-dir "
+                                                          "(default: the task's)")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    print(f"\nJudging checked timed calls on {device}: whole vs sampled ({CHECKED_ELEMENTS} elements after each "
+          "shape's first)\n\n| task | way | repeats | verdict | correctness s | timing s | checked calls (main) | "
+          "main median ms |\n|---|---|---|---|---|---|---|---|", flush=True)
+    for name in args.tasks.split(","):
+        task = load_task(REPO / "benchmarks" / "tasks" / f"{name}.py")
+        task.sizes = task.sizes | {k: int(v) for k, v in (kv.split("=") for kv in args.sizes.split(",") if kv)}
+        stages: dict[str, list] = {way: [] for way in WAYS}
+        for _ in range(args.repeats):
+            for way, elements in WAYS.items():  # alternating: drift falls on both alike
+                pipeline = Pipeline(Jail(), EvalSettings(device=device, mode=args.mode, baselines=("eager",),
+                                                         timing_budget_s=args.timing_budget, reuse_inputs=True,
+                                                         checked_elements=elements))
+                try:
+                    outcome = pipeline.evaluate(task, args.candidate_dir / f"{args.candidate or name}.py")
+                finally:
+                    pipeline.close()
+                referee = (outcome.details.get("stage_s") or {}).get("referee") or {}
+                main = next((t for t in outcome.timings if t.get("shape") == "main"
+                             and t.get("implementation") == "candidate"), {})
+                stages[way].append((outcome.verdict, referee.get("correctness"), referee.get("timing"),
+                                    main.get("checked_calls"), main.get("median_ms")))
+        for way, rows in stages.items():
+            def med(i):
+                values = [r[i] for r in rows if isinstance(r[i], (int, float))]
+                return f"{statistics.median(values):.4g}" if values else "-"
+            verdicts = ",".join(sorted({r[0] for r in rows}))
+            print(f"| {name} | {way} | {len(rows)} | {verdicts} | {med(1)} | {med(2)} | {med(3)} | {med(4)} |",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
