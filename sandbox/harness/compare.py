@@ -46,10 +46,17 @@ CHUNK = 1 << 24  # elements compared at once: the comparison's float64 temporari
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
 
+def judged_at_a_sample(numel: int, elements: int) -> bool:
+    """Whether an output of `numel` elements is judged at a sample of `elements`: only one much larger than it (a
+    sample drawn with replacement from an output not much larger would leave a third of it unseen, where judging
+    it whole costs little)."""
+    return numel > 8 * elements
+
+
 def secret_sample(outs: list, refs: list, eager: list | None, elements: int, seed: int) -> tuple[list, list, list | None]:
     """The same `elements` elements (drawn with replacement under `seed`, which the candidate never sees) of each
-    output and of its references, as flat tensors, where the output is larger than that and shaped as its float64
-    reference; any other output stays whole (its check then fails on the shape). A sampled timed call is judged on
+    output and of its references, as flat tensors, where the output is much larger than that (judged_at_a_sample)
+    and shaped as its float64 reference; any other output stays whole (its check then fails on the shape). A sampled timed call is judged on
     this: a call that skipped its work, or any part of it worth time, differs at nearly every sampled element, while
     the comparison's own cost (tens of float64 passes over the output) no longer grows with the output."""
     import torch
@@ -59,7 +66,8 @@ def secret_sample(outs: list, refs: list, eager: list | None, elements: int, see
     picked_outs, picked_refs, picked_eager = [], [], []
     for i, (out, ref) in enumerate(zip(outs, refs)):
         e = eager[i] if eager is not None else None
-        if out.numel() > elements and tuple(out.shape) == tuple(ref.shape) and (e is None or e.shape == ref.shape):
+        if judged_at_a_sample(out.numel(), elements) and tuple(out.shape) == tuple(ref.shape) \
+                and (e is None or e.shape == ref.shape):
             generator = torch.Generator(device=ref.device).manual_seed(seed + i)
             idx = torch.randint(0, ref.numel(), (elements,), generator=generator, device=ref.device)
             out, ref = out.reshape(-1)[idx.to(out.device)], ref.reshape(-1)[idx]
@@ -70,12 +78,14 @@ def secret_sample(outs: list, refs: list, eager: list | None, elements: int, see
     return picked_outs, picked_refs, picked_eager if eager is not None else None
 
 
-def compare_in_norm(outs: list, refs: list, tolerances: dict, where: str, eager: list | None = None) -> dict | None:
-    """The bound in norm form over every element of each output: the L2 distance from the float64 reference may not
-    exceed the L2 norm of what the per-element bound allows each element (over the elements finite in the output,
-    the reference and eager), which an output within the per-element bound never does. A few passes over the
-    output, not the per-element rule's tens: with `secret_sample`, it judges a sampled timed call whole, so that a
-    stale answer that differs from the right one at few elements (a mostly constant output) is caught too."""
+def compare_in_norm(outs: list, refs: list, tolerances: dict, where: str, eager: list | None = None,
+                    defined_only: bool = False) -> dict | None:
+    """The per-element bound's consequences over every element of each output, in a few passes over it instead of
+    the per-element rule's tens: non-finite values only where the per-element rule allows them; the largest error
+    within the largest allowance; and the L2 distance from the float64 reference within the L2 norm of the
+    allowances (each floor counted at every element), which an output within the per-element bound never exceeds.
+    With `secret_sample`, it judges a sampled timed call whole, so that a stale answer that differs from the right
+    one at few elements (a mostly constant output), or a few far-off elements, is caught too."""
     import torch
 
     for i, (out, ref) in enumerate(zip(outs, refs)):
@@ -86,30 +96,51 @@ def compare_in_norm(outs: list, refs: list, tolerances: dict, where: str, eager:
         e = eager[i] if eager is not None and i < len(eager) and eager[i].shape == ref.shape else None
         precision_tied = dtype not in tolerances and dtype in UNIT_ROUNDOFF and e is not None
         bound = _PrecisionTied(e, ref, UNIT_ROUNDOFF[dtype]) if precision_tied else None
-        err2 = ref2 = eager2 = 0.0
-        count = 0
+        err2 = ref2 = excess2 = 0.0
+        err_max = ref_max = excess_max = 0.0
+        count = bad = 0
         for start, o, r in _chunks(out.reshape(-1), ref.reshape(-1)):
+            # Non-finite values: as _compare_values allows them (the same value, eager's overflow, undefined).
+            allowed_nonfinite = (o.isnan() & r.isnan()) | (r.isinf() & (o == r))
+            if defined_only:
+                allowed_nonfinite |= ~r.isfinite()
+            if bound is not None:
+                allowed_nonfinite |= bound.excused(start, o, r)
+            bad += int(((~o.isfinite() | ~r.isfinite()) & ~allowed_nonfinite).sum())
             finite = o.isfinite() & r.isfinite()
             if bound is not None:
                 ec = bound._eager(start, r.numel())
                 finite &= ec.isfinite()
-                eager2 += float(torch.where(finite, ec - r, 0.0).square().sum())
-            err2 += float(torch.where(finite, o - r, 0.0).square().sum())
-            ref2 += float(torch.where(finite, r, 0.0).square().sum())
+                excess = torch.where(finite, ((ec - r).abs() - bound.u * r.abs()).clamp(min=0.0), 0.0)
+                excess2 += float(excess.square().sum())
+                excess_max = max(excess_max, float(excess.max()))
+            err = torch.where(finite, (o - r).abs(), 0.0)
+            err2 += float(err.square().sum())
+            err_max = max(err_max, float(err.max()))
+            r_abs = torch.where(finite, r.abs(), 0.0)
+            ref2 += float(r_abs.square().sum())
+            ref_max = max(ref_max, float(r_abs.max()))
             count += int(finite.sum())
-        err, ref_norm, root_n = math.sqrt(err2), math.sqrt(ref2), math.sqrt(count)
+        if bad:
+            return _fail("nan_inf", f"{label} {where} has {bad} NaN/Inf value(s) where the reference differs")
+        ref_norm, root_n = math.sqrt(ref2), math.sqrt(count)
         if dtype in tolerances:
-            allowed = tolerances[dtype]["atol"] * root_n + tolerances[dtype]["rtol"] * ref_norm
-        elif bound is not None:  # each term of _PrecisionTied.allowed in norm, its floors as their whole norm
-            allowed = (PRECISION_FACTOR * (math.sqrt(eager2) + bound.scale_err * root_n)
-                       + ACCUMULATION_FACTOR * bound.u_acc * bound.scale_ref * root_n
-                       + ROUNDING_FACTOR * bound.u * (ref_norm + bound.scale_ref * root_n))
+            atol, rtol = tolerances[dtype]["atol"], tolerances[dtype]["rtol"]
+            allowed, largest = atol * root_n + rtol * ref_norm, atol + rtol * ref_max
+        elif bound is not None:  # each term of _PrecisionTied.allowed: in norm (floors at every element), at most
+            floor = ACCUMULATION_FACTOR * bound.u_acc * bound.scale_ref + ROUNDING_FACTOR * bound.u * bound.scale_ref
+            allowed = (PRECISION_FACTOR * (math.sqrt(excess2) + bound.scale_err * root_n) + floor * root_n
+                       + ROUNDING_FACTOR * bound.u * ref_norm)
+            largest = PRECISION_FACTOR * max(excess_max, bound.scale_err) + floor + ROUNDING_FACTOR * bound.u * ref_max
         else:
-            allowed = 0.0  # integers, bools: exact
-        if err > allowed:
-            return _fail("wrong_output", f"{label} {where} is {err:.3g} from the float64 reference in L2 over its "
-                                         f"{count} finite elements, over the {allowed:.3g} its per-element bound "
-                                         "allows in all")
+            allowed = largest = 0.0  # integers, bools: exact
+        if err_max > largest:
+            return _fail("wrong_output", f"{label} {where} is off by {err_max:.3g} at an element, over the most its "
+                                         f"per-element bound allows any ({largest:.3g})")
+        if math.sqrt(err2) > allowed:
+            return _fail("wrong_output", f"{label} {where} is {math.sqrt(err2):.3g} from the float64 reference in L2 "
+                                         f"over its {count} finite elements, over the {allowed:.3g} its per-element "
+                                         "bound allows in all")
     return None
 
 
