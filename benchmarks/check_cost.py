@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """What judging the checked timed calls costs: a shape's later checked calls judged whole, element by element (as
-before 2026-12-06), against the same calls judged in L2 and at the referee's secret sample of elements.
+before 2026-12-06), against the same calls judged whole in a few passes and at the referee's secret sample of
+elements.
 
     python3 benchmarks/check_cost.py [--tasks rmsnorm] [--candidate-dir benchmarks/baselines] [--repeats 2]
                                      [--device auto] [--mode full|small] [--timing-budget 1.0]
                                      [--sizes batch_size=2048] [--candidate NAME]
 
 Each task's candidate (its bundled baseline) is evaluated --repeats times each way through the real jailed
-pipeline, alternating, with the baselines prepared once. "whole" sets the sample larger than any output, so every
-checked call is judged element by element (the L2 pass runs too: "whole" is, if anything, a little slower than the
-old gate). Reported per way: the referee's correctness and timing stages (the device is held for both), the checked
+pipeline, alternating. "whole" sets the sample larger than any output, so every checked call is judged element by
+element, as the gate did before. Reported per way: the referee's correctness and timing stages (the device is held for both), the checked
 calls of the main shape and the main shape's median, so that the timing itself can be seen unchanged.
 """
 
