@@ -9,8 +9,9 @@ elements.
 
 Each task's candidate (its bundled baseline) is evaluated --repeats times each way through the real jailed
 pipeline, alternating. "whole" sets the sample larger than any output, so every checked call is judged element by
-element, as the gate did before. Reported per way: the referee's correctness and timing stages (the device is held for both), the checked
-calls of the main shape and the main shape's median, so that the timing itself can be seen unchanged.
+element, as the gate did before. Reported per way: the referee's correctness and timing stages (the device is held
+for both), the checked calls of the main shape and the main shape's median, so that the timing itself can be seen
+unchanged.
 """
 
 from __future__ import annotations
