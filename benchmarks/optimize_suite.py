@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -203,7 +204,10 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
     if args.max_wall:
         cmd += ["--max-wall", str(args.max_wall)]
     t0, ticks = time.perf_counter(), cpu_ticks()
-    summary = appliance(home, *cmd)
+    try:
+        summary = appliance(home, *cmd)
+    except KeyboardInterrupt:  # (SIGTERM: a time limit around the suite) the run killed, what it recorded kept
+        return cut_row(name, home, time.perf_counter() - t0, busy_share(ticks, cpu_ticks()), args, device)
     wall = time.perf_counter() - t0  # around the whole command: start-up and the seed's input preparation count
     host_busy = busy_share(ticks, cpu_ticks())
     if "error" in summary:
@@ -252,6 +256,30 @@ def run_task(name: str, args, device: str, out: Path) -> list[str]:
     return row
 
 
+def cut_row(name: str, home: Path, wall: float, host_busy: float | None, args, device: str) -> list[str]:
+    """The row of a run cut off by a time limit before its own summary came: its evaluations so far, from its
+    database, over the wall time until the cut (what a GPU call's limit would otherwise lose whole)."""
+    path = home / "appliance.db"
+    if not path.exists():
+        return [Path(name).stem, "0 (cut)", "-", "-", "-", "-", "cut by a time limit before any run was made"]
+    db = sqlite3.connect(path)
+    rows = [(datetime.fromisoformat(t), json.loads(d or "{}")) for t, d in db.execute(
+        "SELECT created_at, details FROM evaluation WHERE run_id = (SELECT max(id) FROM run) ORDER BY created_at")]
+    db.close()
+    verdicts = [(t, details.get("gpu_index")) for t, details in rows]
+    print(f"{name}: cut at {wall:.0f} s; {where_time_went([d for _, d in rows], host_busy)}", file=sys.stderr,
+          flush=True)
+    per_gpu = Counter(gpu for _, gpu in verdicts)
+    n_gpus = (len(per_gpu) if args.executor else len(args.gpus.split(","))) if device == "cuda" else 1
+    return [Path(name).stem, f"{len(rows)} (cut)", "-", "-", "-", "-", "the run was cut by a time limit: no summary",
+            f"{wall:.0f}", f"{len(rows) / (wall / 3600) / max(n_gpus, 1):.0f}", fmt(steady_rate(verdicts), ".0f"),
+            ", ".join(f"{'cpu' if g is None else f'gpu {g}'}: {n}" for g, n in sorted(per_gpu.items(), key=str))]
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def naive_inputs(args) -> list[str]:
     return [i.strip() for i in args.naive_inputs.split(",")] if args.compare_naive else []
 
@@ -280,6 +308,7 @@ def main() -> int:
                         "DIR as soon as the task is done (flat: e.g. the GPU machine's $OUT, which returns shallow "
                         "files only)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _interrupt)  # a time limit's TERM: the task in hand still gets its row (cut_row)
 
     from appliance.evaluation.pipeline import resolve_device
 
@@ -301,6 +330,8 @@ def main() -> int:
         row = f"| {' | '.join(cells + ['-'] * (len(columns) - len(cells)))} |"
         print(row, flush=True)
         lines.append(row)
+        if cells[1].endswith("(cut)"):
+            break  # (the time limit is over: no later task)
         (out / "results.md").write_text("\n".join(lines) + "\n")  # kept even if a later task is cut off
         if args.copy_dbs:
             args.copy_dbs.mkdir(parents=True, exist_ok=True)
