@@ -673,18 +673,21 @@ class Referee:
         if model is not eager_model:  # kept for the shape's next checked call (building one can take seconds)
             self._models_key, self._models = key, (eager_model, model)
         margins: list[float] = []
-        failure = None
         # Inputs with inf and NaN: only what the reference defines (a finite result) is judged.
         defined_only = sh["shape"]["distribution"]["kind"] == "nonfinite"
+        whole = None
         if elements is not None and any(judged_at_a_sample(o.numel(), elements) for o in outs):  # (others: whole)
-            # The whole output in norm form, then the per-element bound at a secret sample.
-            where += (f" (judged whole in a few passes: non-finite values, the largest error, L2; then at {elements} "
-                      "secretly drawn elements)")
-            failure = compare_in_norm(outs, refs, self.spec["tolerances"], where, eager=eager,
-                                      defined_only=defined_only)
+            # The per-element bound at a secret sample (the count, shapes and dtypes too), then the whole outputs in
+            # a few passes (compare_in_norm).
+            where += (f" (judged at {elements} secretly drawn elements, then whole: non-finite values, the largest "
+                      "error, L2)")
+            whole = (outs, refs, eager)
             outs, refs, eager = secret_sample(outs, refs, eager, elements, self.secret.getrandbits(62))
-        failure = failure or compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where, eager=eager,
-                                             margins=margins, defined_only=defined_only)
+        failure = compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where, eager=eager,
+                                  margins=margins, defined_only=defined_only)
+        if whole is not None and not failure:
+            failure = compare_in_norm(*whole[:2], self.spec["tolerances"], where, eager=whole[2],
+                                      defined_only=defined_only)
         if not failure:
             return max(margins, default=0.0)
         if verdict == Verdict.TIMED_OUTPUT_MISMATCH:

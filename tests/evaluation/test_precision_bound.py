@@ -235,3 +235,29 @@ def test_the_whole_output_pass_refuses_what_a_sample_misses_a_few_nan_holes_and_
     manifest = {"float32": {"atol": 1e-5, "rtol": 1e-4}}
     assert compare_in_norm([off], [r64], manifest, WHERE, eager=[eager])["kind"] == "wrong_output"
     assert compare_in_norm([eager], [r64], manifest, WHERE, eager=[eager]) is None
+
+
+def test_the_whole_output_pass_neither_crashes_on_huge_values_nor_fails_what_sits_on_the_bound():
+    """Found by a second review: squares of a one-element chunk's norm overflowed Python floats (the trusted side
+    crashed, on an honest float64 output of 1e155), and outputs off by exactly the allowance failed on rounding."""
+    huge = torch.tensor([1e155], dtype=torch.float64)
+    assert compare_in_norm([huge], [huge.clone()], {}, WHERE, eager=[huge]) is None
+    atol = float(torch.tensor(1e-5, dtype=torch.float32))
+    manifest = {"float32": {"atol": atol, "rtol": 0.0}}
+    on_the_bound, r64 = torch.full((3,), atol), torch.zeros(3, dtype=torch.float64)  # each error exactly atol
+    expected = [{"dtype": "float32", "shape": [3]}]
+    assert compare_outputs([on_the_bound], [r64], expected, manifest, WHERE) is None
+    assert compare_in_norm([on_the_bound], [r64], manifest, WHERE) is None  # (sqrt(3) atol rounded over it)
+
+
+def test_where_eager_overflowed_the_whole_output_pass_still_judges_the_candidate():
+    """An fp16 Model overflows to inf where float64 is finite: a candidate that matches eager there passes, one that
+    writes 0 there fails (the per-element rule judges it with no excess; the pass used to leave it out)."""
+    x = torch.linspace(-3, 3, 4096, dtype=torch.float64)
+    r64 = torch.sinh(x * 4) * 10
+    eager = r64.half()
+    assert (~eager.isfinite() & r64.isfinite()).any()
+    assert compare_in_norm([eager], [r64], {}, WHERE, eager=[eager]) is None
+    zeroed = torch.where(eager.isfinite(), eager, torch.zeros((), dtype=torch.float16))
+    assert _check(zeroed, r64, eager)["kind"] == "wrong_output"
+    assert compare_in_norm([zeroed], [r64], {}, WHERE, eager=[eager])["kind"] == "wrong_output"
