@@ -257,7 +257,11 @@ def _compare_values(out, ref, bound, where: str, margins: list | None = None,
     out, ref = out.reshape(-1), ref.reshape(-1)
     # Non-finite values pass only where the reference has the very same ones (NaN for NaN, +inf for +inf).
     n_bad, first = 0, None
+    all_finite = []  # per chunk: nothing NaN or inf in the output or the reference (one sum each tells: it propagates)
     for start, o, r in _chunks(out, ref):
+        all_finite.append(math.isfinite(float(o.sum() + r.sum())))
+        if all_finite[-1]:
+            continue
         same_nonfinite = (o.isnan() & r.isnan()) | (r.isinf() & (o == r))
         if defined_only:
             same_nonfinite |= ~r.isfinite()  # not judged: the reference defines no number there
@@ -273,16 +277,19 @@ def _compare_values(out, ref, bound, where: str, margins: list | None = None,
                                 f"{_unflat(first, shape)} (got {out[first].item()}, expected {ref[first].item()}) "
                                 f"{where}")
     worst, worst_ratio, worst_allowed, n_out, largest, margin = None, 1.0, 0.0, 0, 0.0, 0.0
-    for start, o, r in _chunks(out, ref):
-        both = o.isfinite() & r.isfinite()
-        if (excused := bound.excused(start, o, r)) is not None:
-            both &= ~excused
-        err = torch.where(both, (o - r).abs(), 0.0)
+    for (start, o, r), finite in zip(_chunks(out, ref), all_finite):
+        if finite:  # every element judged (nothing to excuse either: only a non-finite output is ever excused)
+            both, err = None, (o - r).abs()
+        else:
+            both = o.isfinite() & r.isfinite()
+            if (excused := bound.excused(start, o, r)) is not None:
+                both &= ~excused
+            err = torch.where(both, (o - r).abs(), 0.0)
         allowed = bound.allowed(start, r)
         largest = max(largest, float(err.max()))
         if err.numel():
             margin = max(margin, float(torch.where(err > 0, err / allowed.clamp(min=1e-300), 0.0).max()))
-        over = both & (err > allowed)
+        over = err > allowed if both is None else both & (err > allowed)
         n_out += int(over.sum())
         if n_out:
             # The element most over its bound, as a ratio (an allowed 0 makes any error infinitely over).
