@@ -53,12 +53,13 @@ def judged_at_a_sample(numel: int, elements: int) -> bool:
     return numel > 8 * elements
 
 
-def secret_sample(outs: list, refs: list, eager: list | None, elements: int, seed: int) -> tuple[list, list, list | None]:
+def secret_sample(outs: list, refs: list, eager: list | None, elements: int,
+                  seed: int) -> tuple[list, list, list | None]:
     """The same `elements` elements (drawn with replacement under `seed`, which the candidate never sees) of each
     output and of its references, as flat tensors, where the output is much larger than that (judged_at_a_sample)
-    and shaped as its float64 reference; any other output stays whole (its check then fails on the shape). A sampled timed call is judged on
-    this: a call that skipped its work, or any part of it worth time, differs at nearly every sampled element, while
-    the comparison's own cost (tens of float64 passes over the output) no longer grows with the output."""
+    and shaped as its float64 reference; any other output stays whole (its check then fails on the shape). A
+    sampled timed call is judged on this: a call that skipped its work, or any part of it worth time, differs at
+    nearly every sampled element, while the comparison's own cost no longer grows with the output."""
     import torch
 
     if len(outs) != len(refs) or (eager is not None and len(eager) != len(refs)):
@@ -80,8 +81,8 @@ def secret_sample(outs: list, refs: list, eager: list | None, elements: int, see
 
 def compare_in_norm(outs: list, refs: list, tolerances: dict, where: str, eager: list | None = None,
                     defined_only: bool = False) -> dict | None:
-    """The per-element bound's consequences over every element of each output, in about 20 passes over it (a third
-    of the per-element rule's, and few where nothing is NaN or inf): non-finite values only where the per-element rule allows them; the largest error
+    """The per-element bound's consequences over every element of each output, in about 20 passes over it (the
+    per-element rule takes 45-70): non-finite values only where the per-element rule allows them; the largest error
     within the largest allowance; and the L2 distance from the float64 reference within the L2 norm of the
     allowances (each floor counted at every element), which an output within the per-element bound never exceeds.
     With `secret_sample`, it judges a sampled timed call whole, so that a stale answer that differs from the right
@@ -107,12 +108,8 @@ def compare_in_norm(outs: list, refs: list, tolerances: dict, where: str, eager:
             if math.isfinite(float(sums)):
                 count += r.numel()
             else:
-                allowed_nonfinite = (o.isnan() & r.isnan()) | (r.isinf() & (o == r))  # as _compare_values has it
-                if defined_only:
-                    allowed_nonfinite |= ~r.isfinite()
-                if bound is not None:
-                    allowed_nonfinite |= bound.excused(start, o, r)
-                bad += int(((~o.isfinite() | ~r.isfinite()) & ~allowed_nonfinite).sum())
+                excused = bound.excused(start, o, r) if bound is not None else None
+                bad += int(_nonfinite_mismatch(o, r, excused, defined_only).sum())
                 finite = o.isfinite() & r.isfinite()
                 count += int(finite.sum())
                 o, r = torch.where(finite, o, 0.0), torch.where(finite, r, 0.0)
@@ -262,12 +259,7 @@ def _compare_values(out, ref, bound, where: str, margins: list | None = None,
         all_finite.append(math.isfinite(float(o.sum() + r.sum())))
         if all_finite[-1]:
             continue
-        same_nonfinite = (o.isnan() & r.isnan()) | (r.isinf() & (o == r))
-        if defined_only:
-            same_nonfinite |= ~r.isfinite()  # not judged: the reference defines no number there
-        if (excused := bound.excused(start, o, r)) is not None:
-            same_nonfinite |= excused
-        bad = (~o.isfinite() | ~r.isfinite()) & ~same_nonfinite
+        bad = _nonfinite_mismatch(o, r, bound.excused(start, o, r), defined_only)
         count = int(bad.sum())
         if count and first is None:
             first = start + int(bad.nonzero()[0, 0])
@@ -308,6 +300,18 @@ def _compare_values(out, ref, bound, where: str, margins: list | None = None,
         f"(got {got:.6g}, expected {expected:.6g}; {n_out} of {ref.numel()} elements out of tolerance; "
         f"largest abs err {largest:.2g}; bound: {bound.describe()})",
     )
+
+
+def _nonfinite_mismatch(o, r, excused, defined_only: bool):
+    """Where a NaN or inf is not allowed: in either tensor, unless the reference has the very same one (NaN for NaN,
+    +inf for +inf), the element is `excused` (eager's own overflow matched), or `defined_only` and the reference
+    defines no number there."""
+    same_nonfinite = (o.isnan() & r.isnan()) | (r.isinf() & (o == r))
+    if defined_only:
+        same_nonfinite |= ~r.isfinite()  # not judged: the reference defines no number there
+    if excused is not None:
+        same_nonfinite |= excused
+    return (~o.isfinite() | ~r.isfinite()) & ~same_nonfinite
 
 
 def _unflat(flat: int, shape) -> tuple:

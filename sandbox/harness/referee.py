@@ -27,8 +27,9 @@ contexts costs more than the round trip), and our own read of the outputs; each 
 server.
 Afterwards it picks in secret which timed calls to check (enough that skipping 5% of calls is caught with
 probability >= 0.999), copies their outputs at once, draws their inputs again from their seeds, and checks inputs
-and outputs against the float64 reference: the first of a shape whole, the others at elements drawn in secret. Outputs must be final when the server answers: their checksums are
-taken again at once and after the checks.
+and outputs against the float64 reference: the first of a shape whole, the others at elements drawn in secret and
+in a few passes over the whole. Outputs must be final when the server answers: their checksums are taken again at
+once and after the checks.
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ FIXED_SLACK = 0.02
 SPIN_S = 0.05  # the referee polls this long for an answer before it blocks (GPU; see protocol.receive)
 ENERGY_WINDOW_S, ENERGY_MAX_BATCHES = 0.1, 30  # energy: calls over at least this long, or this many batches
 SETTLE_S = 0.02  # between an answer and the second look at its outputs
-# A sampled timed call is judged at this many secretly drawn elements of each output (all of a smaller one), the
-# first sampled call of each shape whole: judging a whole 1 GiB output took tens of float64 passes over it, and the
-# ~140 sampled calls of a full-size shape held the device for most of an evaluation.
+# A sampled timed call is judged at this many secretly drawn elements of each output (all of one up to 8x that;
+# compare.judged_at_a_sample), the first sampled call of each shape whole: judging a whole 1 GiB output took tens
+# of float64 passes over it, and the ~140 sampled calls of a full-size shape held the device for most of an
+# evaluation.
 CHECKED_ELEMENTS = 1 << 16
 WAIT_LOOK_S, STOPPED_GAP_S = 1.0, 3.0  # waiting for an answer: a look a second; a longer gap is time stopped
 
@@ -450,6 +452,7 @@ class Referee:
         self.cases: list[dict] = []
         self._models_key, self._models = None, None  # the last reference Models, by (shape, seed) (_compare)
         self._whole_check_due = True  # the next sampled timed call is judged whole (_check_timed)
+        self.checked_elements = spec.get("checked_elements", CHECKED_ELEMENTS)  # the later ones at this many
 
     # --- the whole run ---------------------------------------------------------------------------------------
 
@@ -815,7 +818,7 @@ class Referee:
             slots.close()
             self._models_key, self._models = None, None
         summary |= {"checked_calls": checked, "check_probability": round(p, 4),
-                    "checked_elements_after_the_first": self.spec.get("checked_elements", CHECKED_ELEMENTS)}
+                    "checked_elements_after_the_first": self.checked_elements}
         return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "stage_ms": staged,
                          "calls_per_batch": per_batch, "fixed_ms": max(own_fixed, 0.0)}
 
@@ -923,7 +926,7 @@ class Referee:
             if changed := slots.mutated(j, args):
                 raise Rejected(Verdict.INPUT_MUTATED, Stage.TIMING, f"forward modified input(s) {changed} in place "
                                f"{where}")
-            elements = None if self._whole_check_due else self.spec.get("checked_elements", CHECKED_ELEMENTS)
+            elements = None if self._whole_check_due else self.checked_elements
             self._whole_check_due = False
             self._compare(sh, init, seed0, args, copies, where, Verdict.TIMED_OUTPUT_MISMATCH, elements)
             if any(not _same(a, b) for a, b in zip(outs[j], copies)):

@@ -261,3 +261,41 @@ def test_where_eager_overflowed_the_whole_output_pass_still_judges_the_candidate
     zeroed = torch.where(eager.isfinite(), eager, torch.zeros((), dtype=torch.float16))
     assert _check(zeroed, r64, eager)["kind"] == "wrong_output"
     assert compare_in_norm([zeroed], [r64], {}, WHERE, eager=[eager])["kind"] == "wrong_output"
+
+
+# Found by the first review of the sampled checks, kept:
+
+def test_only_outputs_much_larger_than_the_sample_are_judged_at_it():
+    """A sample drawn with replacement from an output just larger than it leaves a third unseen: such outputs are
+    judged whole."""
+    from sandbox.harness.compare import judged_at_a_sample, secret_sample
+
+    assert not judged_at_a_sample(65_537, 65_536) and not judged_at_a_sample(8 * 65_536, 65_536)
+    assert judged_at_a_sample(8 * 65_536 + 1, 65_536)
+    x = torch.randn(5000, dtype=torch.float64)
+    assert secret_sample([x.float()], [x], None, 1000, seed=3)[0][0].numel() == 5000
+
+
+def test_the_whole_output_pass_holds_a_bf16_output_to_its_own_roundoff():
+    """Eager's whole error (its output's rounding included) in the norm let an output rounded through fp8 pass;
+    eager's error beyond that rounding does not."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(256, 1024, generator=g).bfloat16()
+    r64, eager = torch.nn.functional.gelu(x.double()), torch.nn.functional.gelu(x)
+    fp8 = eager.to(torch.float8_e4m3fn).bfloat16()
+    assert _check(eager, r64, eager) is None
+    assert compare_in_norm([fp8], [r64], {}, WHERE, eager=[eager])["kind"] == "wrong_output"
+
+
+def test_the_float64_reference_keeps_the_weights_a_lazy_module_drew_in_eagers_first_forward():
+    """Two builds of a Model with a lazy layer drew its weights apart (eager and float64 disagreed by 1.85, and the
+    bound then let almost anything pass); the reference is a copy made after eager's first forward."""
+    from sandbox.harness.referee import Referee
+
+    torch.manual_seed(0)
+    eager = torch.nn.LazyLinear(8)
+    x = torch.randn(4, 16)
+    out = eager(x)
+    reference = Referee._float64_copy(eager)
+    assert torch.allclose(reference(x.double()), out.double(), atol=1e-6)
+    assert eager.weight.dtype == torch.float32  # eager itself left as it was
