@@ -28,3 +28,8 @@ class InfrastructureError(ApplianceError):
 
 class ConfigError(ApplianceError):
     """A setting (an environment variable or a flag) has a value the appliance cannot use; names it."""
+
+
+class EvaluationCancelled(ApplianceError):
+    """An evaluation called off before it began measuring (a run's time ran out, or it was paused or stopped): no
+    verdict, and nothing against the candidate, which goes back to the queue."""

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from appliance.errors import InfrastructureError, TaskError
+from appliance.errors import EvaluationCancelled, InfrastructureError, TaskError
 from appliance.evaluation.compile_screen import SCREEN_TIMEOUT_S
 from appliance.evaluation.job_folders import JobFolder, remove_tree
 from appliance.evaluation.pipeline import (EvalSettings, Outcome, Pipeline, SentThreshold, default_slots,
@@ -105,7 +105,7 @@ def ray_pipelines(address: str, settings: EvalSettings, slots: int, unsafe: bool
     actor = ray.remote(EvaluationWorker).options(
         num_gpus=1 if settings.device == "cuda" else 0,
         num_cpus=0 if settings.device == "cuda" else 1,  # GPUs are what a GPU worker waits for
-        max_concurrency=slots,  # the loop keeps at most `slots` calls (a ping, then an evaluation) per worker
+        max_concurrency=slots + 1,  # `slots` evaluations (each after a ping), and a cancel_unmeasured beside them
         max_restarts=-1,  # a lost actor comes back on any node with room, for as long as the run lasts
         max_task_retries=0,  # an evaluation lost with its node is the loop's to re-queue, not Ray's to repeat
         scheduling_strategy="SPREAD",
@@ -154,6 +154,8 @@ class RayPipeline:
         # Our own errors come back as values: exceptions with extra constructor arguments do not survive pickling.
         if "task_error" in result:
             raise TaskError(*result["task_error"])
+        if "cancelled" in result:
+            raise EvaluationCancelled(f"Ray worker {self.index}: {result['cancelled']}")
         raise InfrastructureError(f"Ray worker {self.index} ({result.get('host')}): {result['infrastructure_error']}")
 
     def arch(self) -> int | None:
@@ -185,6 +187,13 @@ class RayPipeline:
                 if time.monotonic() > deadline:
                     raise ray.exceptions.GetTimeoutError("still restarting") from None
                 time.sleep(1.0)
+
+    def cancel_unmeasured(self) -> int:
+        ray = _ray()
+        try:
+            return ray.get(self.actor.cancel_unmeasured.remote(), timeout=30)
+        except ray.exceptions.RayError:
+            return 0  # a lost actor's evaluations fail on their own
 
     def close(self) -> None:
         """Remove the worker's kept inputs and free its GPU (the next run starts its own workers)."""
@@ -231,12 +240,17 @@ class EvaluationWorker:
         self.profile_if.set(profile_above, files)
         try:
             outcome = evaluate_sent(self.pipeline, self.tasks, files, source, display_path, self.dir)
+        except EvaluationCancelled as e:
+            return {"cancelled": str(e), "host": self.host}
         except TaskError as e:
             return {"task_error": [e.path, e.message, e.line], "host": self.host}
         except InfrastructureError as e:
             return {"infrastructure_error": str(e), "host": self.host}
         outcome.details["host"] = self.host
         return outcome
+
+    def cancel_unmeasured(self) -> int:
+        return self.pipeline.cancel_unmeasured()
 
     def prepare(self, files: dict) -> None:
         try:

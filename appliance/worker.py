@@ -38,13 +38,14 @@ import tempfile
 import threading
 import time
 import traceback
+import uuid
 from collections import Counter
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Callable
 
-from appliance.errors import InfrastructureError, TaskError
+from appliance.errors import EvaluationCancelled, InfrastructureError, TaskError
 from appliance.evaluation.job_folders import JobFolder
 from appliance.config import Settings
 from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline, SentThreshold, evaluate_sent, sent_threshold
@@ -203,6 +204,8 @@ class WorkerServer:
                     conn.send(self._evaluate(conn, request))
                 elif op == "prepare":
                     conn.send(self._prepare(request))
+                elif op == "cancel_unmeasured":
+                    conn.send(self._cancel_unmeasured(request))
                 elif op == "release":
                     self._release(request["settings"])
                     conn.send({"ok": True})
@@ -226,7 +229,9 @@ class WorkerServer:
                 key, pipeline = self._acquire(request["settings"])
                 self.profile_if.set(request.get("profile_above"), request.get("task"))
                 outcome = evaluate_sent(pipeline, self.tasks, request["task"], request["source"], request["path"],
-                                        self.dir)
+                                        self.dir, tag=request.get("client"))
+            except EvaluationCancelled as e:
+                return {"cancelled": str(e)}
             except TaskError as e:
                 return {"task_error": [e.path, e.message, e.line]}
             except InfrastructureError as e:
@@ -238,6 +243,13 @@ class WorkerServer:
                 self._finished(key)
         outcome.details |= {"host": self.host, "worker_pid": os.getpid()}
         return {"outcome": outcome}
+
+    def _cancel_unmeasured(self, request: dict) -> dict:
+        """One client's evaluations here that do not measure yet, called off (its run's time is up)."""
+        key = json.dumps(request["settings"], sort_keys=True, default=str)
+        with self.lock:
+            pipeline = self.pipelines.get(key)
+        return {"cancelled": pipeline.cancel_unmeasured(request.get("client")) if pipeline else 0}
 
     def _prepare(self, request: dict) -> dict:
         """The task's inputs and baselines made now, before the run's first candidate here. A failure is only
@@ -553,6 +565,7 @@ class WorkerPipeline:
                  unsafe_no_jail: bool):
         self.supervisor, self.worker, self.settings, self.slots = supervisor, worker, settings, max(1, slots)
         self.gpu, self.unsafe_no_jail = worker.gpu, unsafe_no_jail
+        self.client = uuid.uuid4().hex  # its evaluations at the worker, which other runs may share
         self.profile_if: Callable[[float | None], bool] | None = None  # set by the loop; its threshold is sent
         # Paths are the worker's own (its APPLIANCE_HOME); everything else is the run's.
         self.fields = {k: v for k, v in dataclasses.asdict(settings).items()
@@ -562,7 +575,8 @@ class WorkerPipeline:
         candidate_path = Path(candidate_path)
         if not candidate_path.is_file():
             raise TaskError(str(candidate_path), "no such candidate file")
-        request = {"op": "evaluate", "settings": self.fields, "profile_above": sent_threshold(self.profile_if),
+        request = {"op": "evaluate", "client": self.client, "settings": self.fields,
+                   "profile_above": sent_threshold(self.profile_if),
                    "task": task_files(task), "source": candidate_path.read_text(errors="replace"),
                    "path": str(candidate_path)}
         conn = self._connect()
@@ -580,11 +594,21 @@ class WorkerPipeline:
             conn.close()
         if "outcome" in reply:
             return reply["outcome"]
+        if "cancelled" in reply:
+            raise EvaluationCancelled(f"{self.worker.describe()}: {reply['cancelled']}")
         if "task_error" in reply:
             raise TaskError(*reply["task_error"])
         if "infrastructure_error" in reply:
             raise InfrastructureError(f"{self.worker.describe()}: {reply['infrastructure_error']}")
         raise RuntimeError(f"{self.worker.describe()} failed:\n{reply.get('bug', reply)}")
+
+    def cancel_unmeasured(self) -> int:
+        try:
+            reply = call(self.worker.path, self.supervisor.key, {"op": "cancel_unmeasured", "client": self.client,
+                                                                 "settings": self.fields})
+        except AuthenticationError:
+            return 0
+        return (reply or {}).get("cancelled", 0)
 
     def prepare(self, task: Task) -> None:
         """Have the worker prepare the task's inputs now; what goes wrong shows again in the first evaluation."""

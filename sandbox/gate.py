@@ -67,6 +67,10 @@ ENV_FDS = "APPLIANCE_TURN_FDS"  # "REQUEST_FD,GRANT_FD" inside the jail
 MAX_QUIET_S = 120.0  # one exclusive turn stops the other evaluations' processes for at most this long
 
 
+class TurnAbandoned(Exception):
+    """The process's evaluation was called off before it measured (DeviceGate.abandon_unmeasured): no turn."""
+
+
 @dataclass(eq=False)
 class TurnRecord:
     turns: int = 0
@@ -113,6 +117,25 @@ class DeviceGate:
     _paused: list = field(default_factory=list, repr=False)  # those stopped for the exclusive turn in progress
     _measuring: object = field(default=None, repr=False)  # the group of the exclusive turn in progress
     _quiet: object = field(default=None, repr=False)  # (turn token, record, timer) of the turn keeping others stopped
+    _measured: set = field(default_factory=set, repr=False)  # groups that were granted an exclusive turn
+    _abandoned: set = field(default_factory=set, repr=False)  # groups called off before they measured: no turns
+
+    def abandon_unmeasured(self, groups: set[str]) -> bool:
+        """Call off an evaluation (its processes' `groups`) that has not measured yet: its waits for admission and
+        turns end in TurnAbandoned, and it is granted none from now on. False, and nothing changes, when one of
+        its groups has had an exclusive turn: a measurement begun is finished and recorded."""
+        with self._cond:
+            if groups & self._measured:
+                return False
+            self._abandoned |= groups
+            self._cond.notify_all()
+            return True
+
+    def forget(self, groups: set[str]) -> None:
+        """The evaluation of these groups is over: what was known of them goes (a worker's gate lives for days)."""
+        with self._cond:
+            self._measured -= groups
+            self._abandoned -= groups
 
     def _millijoules(self) -> int | None:
         return self.energy_meter.millijoules() if self.energy_meter is not None else None
@@ -124,8 +147,13 @@ class DeviceGate:
         record.admitting_since = t0
         with self._cond:
             self._arrivals.append(record)
-            self._cond.wait_for(lambda: self._arrivals[0] is record and self._fits(nbytes))
-            self._arrivals.popleft()
+            self._cond.wait_for(lambda: record.group in self._abandoned
+                                or (self._arrivals[0] is record and self._fits(nbytes)))
+            self._arrivals.remove(record)
+            if record.group in self._abandoned:
+                record.admitting_since = None
+                self._cond.notify_all()  # the next in line
+                raise TurnAbandoned(record.group)
             self._residents[record] = nbytes
             for r in self._residents:
                 r.neighbours = max(r.neighbours, len(self._residents) - 1)
@@ -209,11 +237,16 @@ class DeviceGate:
             if exclusive:
                 self._account()
                 self._exclusive_waiting += 1
-                self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+                self._cond.wait_for(lambda: record.group in self._abandoned or
+                                    (not self._exclusive and self._shared == 0))
                 self._account()
                 self._exclusive_waiting -= 1
+                if record.group in self._abandoned:
+                    self._cond.notify_all()  # shared turns that waited behind this one
+                    raise TurnAbandoned(record.group)
                 self._exclusive = True
                 self._measuring = record.group
+                self._measured.add(record.group)
                 if self.pause_others:  # the host quiet of our other work while it measures
                     turn = object()
                     timer = threading.Timer(MAX_QUIET_S, self._cut_quiet, args=(turn,))
@@ -226,9 +259,12 @@ class DeviceGate:
             else:
                 self._account()
                 self._shared_waiting += 1
-                self._cond.wait_for(lambda: not self._exclusive and (ahead or self._exclusive_waiting == 0))
+                self._cond.wait_for(lambda: record.group in self._abandoned or
+                                    (not self._exclusive and (ahead or self._exclusive_waiting == 0)))
                 self._account()
                 self._shared_waiting -= 1
+                if record.group in self._abandoned:
+                    raise TurnAbandoned(record.group)
                 self._shared += 1
         now = time.monotonic()
         record.turns += 1
@@ -343,7 +379,7 @@ class TurnChannel:
                         self.gate.leave(self.record)
                         resident = False
                     # anything else (a second A, a stray R or F, garbage) changes nothing
-        except OSError:
+        except (OSError, TurnAbandoned):  # (abandoned: its process is being killed; its pipes close below)
             pass
         finally:
             if held is not None:

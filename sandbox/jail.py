@@ -279,6 +279,7 @@ class Jail:
                 gate.release(record, held)
             if gate is not None and exclusive:
                 gate.leave(record)
+                gate.forget({group})
         if channel:
             record = channel.join()
         result.turns = record.as_dict() if gate is not None else None

@@ -27,5 +27,9 @@ class Evaluator(Protocol):
         """The verdict on one candidate file. A candidate's failure is an Outcome; InfrastructureError when the
         evaluator itself failed (the candidate goes back to the queue), TaskError when the task is broken."""
 
+    def cancel_unmeasured(self) -> int:
+        """Call off the evaluations in progress that have not begun measuring (the run's time is up): their
+        `evaluate` calls raise EvaluationCancelled soon. Returns how many."""
+
     def close(self) -> None:
         """Release what it holds (workers, folders); called once when the run ends."""

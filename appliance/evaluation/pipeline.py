@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypedDict
 
-from appliance.errors import InfrastructureError, TaskError
+from appliance.errors import EvaluationCancelled, InfrastructureError, TaskError
 from appliance.evaluation import evidence
 from appliance.evaluation.host_memory import HostMemory, evaluation_bytes
 from appliance.evaluation.job_folders import JobFolder, remove_tree
@@ -201,6 +201,15 @@ def detect_backends(source: str) -> list[str]:
     return found
 
 
+@dataclass(eq=False)
+class _InFlight:
+    """One evaluation in progress: what `Pipeline.cancel_unmeasured` calls off."""
+
+    tag: str | None = None  # whose it is (a worker's client), for cancel_unmeasured(tag)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    groups: set[str] = field(default_factory=set)  # its referee-and-server sessions' groups at the gate
+
+
 class Pipeline:
     """One evaluation device's worker. `evaluate` may be called from `slots` threads at once: their loading,
     compiling and checking overlap, while correctness and timing take turns on the device (sandbox/gate.py)."""
@@ -229,13 +238,30 @@ class Pipeline:
         # With settings.profile: which passing candidates get an Nsight Compute run (given the speedup vs eager).
         # A search sets it (loop.ProfileNewBests): a profile holds the device longer than the evaluation itself.
         self.profile_if: Callable[[float | None], bool] | None = None
+        self._in_flight: set[_InFlight] = set()
+        self._in_flight_lock = threading.Lock()
+        self._current = threading.local()  # .call: the evaluation this thread runs
+
+    def cancel_unmeasured(self, tag: str | None = None) -> int:
+        """Call off every evaluation in progress (of `tag`'s, if given) that has not begun measuring (a run's time
+        is up): its processes are killed and its `evaluate` raises EvaluationCancelled. One that measures goes on and
+        gets its verdict. Returns how many were called off."""
+        cancelled = 0
+        with self._in_flight_lock:
+            for call in self._in_flight:
+                if tag is not None and call.tag != tag:
+                    continue
+                if not call.cancel.is_set() and self.gate.abandon_unmeasured(call.groups):
+                    call.cancel.set()
+                    cancelled += 1
+        return cancelled
 
     def close(self) -> None:
         """Forget the baselines kept for reuse, and remove this pipeline's folder."""
         self._prepared.clear()
         self.folder.release()
 
-    def evaluate(self, task: Task, candidate_path: str | Path) -> Outcome:
+    def evaluate(self, task: Task, candidate_path: str | Path, tag: str | None = None) -> Outcome:
         s = self.settings
         device = resolve_device(s.device)
         mode = s.mode or ("full" if device == "cuda" else "small")
@@ -262,10 +288,17 @@ class Pipeline:
 
         # A kept job folder goes beside the pipeline's (which goes with the pipeline), for the user to read.
         job = Path(tempfile.mkdtemp(prefix="eval-", dir=self.folder.root if s.keep_job_dir else self.folder.path))
+        call = self._current.call = _InFlight(tag)
+        with self._in_flight_lock:
+            self._in_flight.add(call)
         with contextlib.ExitStack() as held:  # host memory, held until the job folder is gone
             try:
                 return self._run(task, candidate_path, job, device, mode, base, backends, held)
             finally:
+                with self._in_flight_lock:
+                    self._in_flight.discard(call)
+                self.gate.forget(call.groups)
+                self._current.call = None
                 if not s.keep_job_dir:
                     remove_tree(job)
 
@@ -500,9 +533,16 @@ class Pipeline:
         from sandbox.harness.referee import ENV_FD as SERVER_FD
         from sandbox.harness.server import ENV_FD as REFEREE_FD
 
+        group = str(workdir)  # referee and kernel server: not stopped by each other's measurements
+        call: _InFlight | None = getattr(self._current, "call", None)
+        if call is not None:
+            with self._in_flight_lock:  # (with cancel_unmeasured: a group added after it is never missed)
+                if call.cancel.is_set():
+                    raise EvaluationCancelled(f"{label}: called off before it measured")
+                call.groups.add(group)
+        cancel = call.cancel if call is not None else None
         ours, theirs = socket.socketpair()
         stop, server_run = threading.Event(), {}
-        group = str(workdir)  # referee and kernel server: not stopped by each other's measurements
 
         def serve() -> None:
             try:
@@ -520,17 +560,19 @@ class Pipeline:
             run = self.jail.run([_python(), "-m", "sandbox.harness.referee", str(spec_path)], workdir=referee_dir,
                                 env={SERVER_FD: str(ours.fileno())}, extra_fds=(ours.detach(),),
                                 timeout_s=timeout + self.settings.reference_timeout_s, gate=self.gate,
-                                exclusive=exclusive, resident_bytes=resident_bytes, group=group)
+                                exclusive=exclusive, resident_bytes=resident_bytes, group=group, stop=cancel)
         finally:
             # It was told to exit; one that does not within SERVER_GRACE_S of its own running time is stopped (time
             # it spends stopped while another evaluation measures does not count).
             grace = SERVER_GRACE_S
-            while grace > 0 and server.is_alive():
+            while grace > 0 and server.is_alive() and not (cancel is not None and cancel.is_set()):
                 server.join(timeout=0.5)
                 if not self.gate.stopped(group):
                     grace -= 0.5
             stop.set()
             server.join()
+        if cancel is not None and cancel.is_set():  # killed on purpose: its record, if any, is no verdict
+            raise EvaluationCancelled(f"{label}: called off before it measured")
         if "error" in server_run:
             raise server_run["error"]
         wall[label] = round(wall.get(label, 0.0) + run.wall_s, 2)
@@ -683,7 +725,7 @@ class Pipeline:
 
 
 def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: str, display_path: str,
-                  job_root: Path) -> Outcome:
+                  job_root: Path, tag: str | None = None) -> Outcome:
     """An evaluation sent from another process or host (worker processes, Ray actors): the task and the candidate
     arrive as text and are written under `job_root`; the outcome and a TaskError name the sender's files."""
     job = Path(tempfile.mkdtemp(prefix="candidate-", dir=job_root))
@@ -691,7 +733,7 @@ def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: 
         task = tasks.get(files)
         path = job / Path(display_path).name
         path.write_text(source)
-        outcome = pipeline.evaluate(task, path)
+        outcome = pipeline.evaluate(task, path, tag)
     except TaskError as e:
         if e.path.startswith(str(tasks.root)):  # our copy of the task: name the sender's
             raise TaskError(files["path"], e.message, e.line) from None

@@ -61,5 +61,8 @@ class ReplayEvaluator:
             raise KeyError(f"no recorded outcome for {path.name} and no decide function")
         return self.decide(source)
 
+    def cancel_unmeasured(self) -> int:
+        return 0  # (a replayed outcome is there at once: nothing waits)
+
     def close(self) -> None:
         pass

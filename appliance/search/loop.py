@@ -19,7 +19,7 @@ from typing import Callable
 
 from appliance.db import Store
 from appliance.db.models import Candidate
-from appliance.errors import InfrastructureError, TaskError
+from appliance.errors import EvaluationCancelled, InfrastructureError, TaskError
 from appliance.evaluation.evaluator import Evaluator
 from appliance.evaluation.pipeline import PROFILE_MIN_GAIN, Outcome
 from appliance.metrics import Metrics
@@ -99,6 +99,7 @@ class Optimizer:
         reads_profiles = not proposers or any(p.traits.reads_profiles for p in proposers)
         self.metrics, self.should_stop = metrics, should_stop
         self.failure_streak = 0  # infrastructure failures in a row
+        self.time_is_up = False  # the wall-clock or GPU-second budget is spent
         for p in pipelines:
             p.profile_if = ProfileNewBests(self, enabled=reads_profiles)
         if metrics:
@@ -215,6 +216,12 @@ class Optimizer:
                         self.status(self._status_line(recorded, len(in_flight) + len(screening)))
             finally:
                 # What was started finishes and is recorded (a pause or a shutdown loses no evaluation in flight).
+                # When time is up, or the run is paused or stopped, only what measures already: evaluations still
+                # waiting for the device are called off, their candidates queued again (--resume evaluates them).
+                if in_flight and (self.time_is_up or status in ("paused", "stopped", "queued")):
+                    if called_off := sum(p.cancel_unmeasured() for p in self.pipelines):
+                        self.log(f"{called_off} evaluation(s) not measuring yet called off; their candidates are "
+                                 "queued again")
                 failure = None
                 for future in as_completed(list(in_flight)):  # each stored as it ends, not behind a slower one
                     candidate, _ = in_flight.pop(future)
@@ -301,9 +308,9 @@ class Optimizer:
         tokens = sum(cand.tokens_in + cand.tokens_out for cand, _ in rows)
         if evaluated >= c.max_candidates:
             return "finished"
-        if c.max_gpu_seconds is not None and self.state["gpu_seconds"] >= c.max_gpu_seconds:
-            return "finished"
-        if c.max_wall_s is not None and self.state["elapsed_s"] >= c.max_wall_s:
+        if (c.max_gpu_seconds is not None and self.state["gpu_seconds"] >= c.max_gpu_seconds) or \
+                (c.max_wall_s is not None and self.state["elapsed_s"] >= c.max_wall_s):
+            self.time_is_up = True
             return "finished"
         if c.max_tokens is not None and tokens >= c.max_tokens:
             return "finished"
@@ -335,7 +342,7 @@ class Optimizer:
         path = self._candidate_file(candidate)
         try:
             return pipeline.evaluate(self.task, path)
-        except InfrastructureError as e:  # the worker's fault, not the candidate's: it goes back to the queue
+        except (InfrastructureError, EvaluationCancelled) as e:  # not the candidate's doing: back to the queue
             return e
 
     def _infrastructure_failure(self, candidate: Candidate, error: InfrastructureError) -> Outcome | None:
@@ -361,7 +368,11 @@ class Optimizer:
         """The size mode the run's evaluations use."""
         return self.config.mode or ("full" if self.pipelines[0].gpu is not None else "small")
 
-    def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError, screened: bool = False) -> None:
+    def _record(self, candidate: Candidate, outcome: Outcome | InfrastructureError | EvaluationCancelled,
+                screened: bool = False) -> None:
+        if isinstance(outcome, EvaluationCancelled):
+            self.store.set_candidate_status(candidate.id, "queued")
+            return
         if isinstance(outcome, InfrastructureError):
             outcome = self._infrastructure_failure(candidate, outcome)
             if outcome is None:

@@ -279,6 +279,49 @@ def test_an_evaluation_takes_a_fixed_few_turns(softmax_task, tmp_path):
 
 
 
+def test_time_up_calls_off_evaluations_that_do_not_measure_yet_and_lets_a_measuring_one_finish(softmax_task, tmp_path):
+    """Pipeline.cancel_unmeasured (a run's wall-clock budget spent): an evaluation that has measured gets its verdict;
+    one still waiting for the device is called off at once (EvaluationCancelled, its processes killed), without
+    waiting for the device to come free."""
+    from appliance.errors import EvaluationCancelled
+    from appliance.tasks import load_task
+    from sandbox.gate import TurnRecord
+
+    pipeline = _pipeline(tmp_path, slots=2)
+    task = load_task(softmax_task)
+    pipeline.prepare(task)
+    before = pipeline.gate.occupancy().get("measuring", 0.0)
+    results: dict[str, object] = {}
+
+    def evaluate(name: str) -> None:
+        try:
+            results[name] = pipeline.evaluate(task, candidate("good"))
+        except EvaluationCancelled as e:
+            results[name] = e
+
+    measuring = threading.Thread(target=evaluate, args=("measuring",))
+    measuring.start()
+    deadline = time.monotonic() + 120
+    while pipeline.gate.occupancy().get("measuring", 0.0) == before and measuring.is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    other = TurnRecord(group="another evaluation")
+    held = pipeline.gate.acquire(other)  # the device stays busy: nothing else measures until we say so
+    waiting = threading.Thread(target=evaluate, args=("waiting",))
+    waiting.start()
+    time.sleep(3)  # it starts, and waits for a turn
+    assert waiting.is_alive()
+    assert pipeline.cancel_unmeasured() == 1  # the waiting one only
+    waiting.join(timeout=60)
+    assert not waiting.is_alive() and isinstance(results["waiting"], EvaluationCancelled), results.get("waiting")
+    pipeline.gate.release(other, held)  # (only now: the cancelled one did not wait for the device)
+    measuring.join(timeout=120)
+    pipeline.close()
+    assert results["measuring"].verdict == "pass", results["measuring"].reason
+    assert pipeline.gate.idle() and pipeline.gate.residents() == 0
+    assert not list(pipeline.folder.path.glob("eval-*"))  # both job folders removed
+
+
 def test_a_candidate_killed_while_the_hosts_oom_killer_fired_is_not_blamed(softmax_task, tmp_path, monkeypatch):
     """SIGKILL that no limit of ours sent, while the kernel's OOM kill count rose: the host ran out of memory (the
     count is the kernel's, /proc/vmstat; a real host OOM is not provoked here, so it is made to rise)."""

@@ -547,3 +547,46 @@ def test_a_stop_or_resume_that_fails_leaves_the_gate_working():
     done = threading.Event()
     threading.Thread(target=lambda: (gate.release(record, gate.acquire(record)), done.set()), daemon=True).start()
     assert done.wait(5), "the next exclusive turn never came"
+
+
+def test_an_evaluation_called_off_before_it_measured_gets_no_turn_and_one_that_measured_is_not_called_off():
+    """DeviceGate.abandon_unmeasured: waits for a turn or for admission end in TurnAbandoned at once; a group that
+    had an exclusive turn is never abandoned (its measurement is finished and recorded)."""
+    from sandbox.gate import TurnAbandoned, TurnRecord
+
+    gate = DeviceGate(memory_bytes=100, pause_others=False)
+    measuring = TurnRecord(group="measuring")
+    gate.admit(measuring, 60)
+    held = gate.acquire(measuring, exclusive=True)
+    waits: dict[str, BaseException | None] = {}
+
+    def wait(name: str, exclusive: bool, nbytes: int) -> None:
+        record = TurnRecord(group=name)
+        try:
+            gate.admit(record, nbytes)
+            gate.release(record, gate.acquire(record, exclusive=exclusive))
+            waits[name] = None
+        except TurnAbandoned as e:
+            waits[name] = e
+        finally:
+            gate.leave(record)  # (as a turn channel does when its process ends)
+
+    threads = [threading.Thread(target=wait, args=args) for args in
+               (("for_a_turn", True, 30), ("for_a_shared_turn", False, 0), ("for_admission", True, 50))]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    assert not waits  # all three wait: a turn is held, and 60 + 30 + 50 bytes do not fit the budget
+    assert gate.abandon_unmeasured({"measuring"}) is False  # it measures: finished, not called off
+    for t, name in zip(threads, ("for_a_turn", "for_a_shared_turn", "for_admission")):
+        assert gate.abandon_unmeasured({name}) is True
+        t.join(timeout=5)
+        assert not t.is_alive() and isinstance(waits[name], TurnAbandoned), name
+    assert gate.waiting() == 0 and gate.residents() == 1  # the measuring one
+    gate.release(measuring, held)
+    late = TurnRecord(group="for_a_turn")
+    with pytest.raises(TurnAbandoned):  # called off for good: no turn later either
+        gate.acquire(late, exclusive=True)
+    gate.forget({"for_a_turn", "measuring"})  # its evaluation is over: a new one may use the name again
+    gate.release(late, gate.acquire(late, exclusive=True))
+    assert gate.abandon_unmeasured({"measuring"}) is True

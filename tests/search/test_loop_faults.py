@@ -414,3 +414,62 @@ def test_the_tuner_fills_free_slots_from_a_seed_still_evaluating_and_a_failing_s
     assert len(children) == 1 and children[0][0].parent_id == seed_row.id and children[0][0].generation == 0
     assert all(e is not None and e.verdict == "wrong_output" for _, e in rows), [(c.proposer, e and e.verdict)
                                                                                  for c, e in rows]
+
+
+class TimeUpEvaluator:
+    """An Evaluator whose evaluations of `waits_for_the_device` sources never get the device until they are called
+    off (cancel_unmeasured); the others measure for `measure_s` and pass. The real pipeline's side of this (gate,
+    killed processes) is tested in tests/evaluation/test_pipeline.py."""
+
+    def __init__(self, waits_for_the_device: set[str], measure_s: float):
+        import threading
+
+        self.waits, self.measure_s, self.slots, self.gpu, self.profile_if = waits_for_the_device, measure_s, 4, None, None
+        self.called_off = threading.Event()
+
+    def prepare(self, task):
+        pass
+
+    def evaluate(self, task, candidate_path):
+        import time
+
+        from appliance.errors import EvaluationCancelled
+        from appliance.evaluation.pipeline import Outcome
+
+        if open(candidate_path).read() in self.waits:
+            if not self.called_off.wait(timeout=60):
+                raise AssertionError("never called off")
+            raise EvaluationCancelled("called off before it measured")
+        time.sleep(self.measure_s)
+        return Outcome(verdict="pass", stage="done", reason="ok", jailed=True, device="cpu", mode="small",
+                       timings=[{"shape": "main", "implementation": "candidate", "device": "cpu", "median_ms": 1.0,
+                                "reps": 10}])
+
+    def cancel_unmeasured(self) -> int:
+        self.called_off.set()
+        return len(self.waits)
+
+    def close(self):
+        pass
+
+
+def test_when_the_wall_budget_is_spent_evaluations_waiting_for_the_device_go_back_to_the_queue(tmp_path):
+    """The run ends near its --max-wall: what measures is recorded, what still waits goes back to the queue for a
+    --resume, not awaited (each would wait for the device in turn) and not blamed."""
+    import time
+
+    store, run_id, cfg, seed = make_run(tmp_path, max_candidates=10, max_wall_s=1.0)
+    task_id = store.get_run(run_id).task_id
+    waiting = {f"{seed}\n# waits {i}\n" for i in range(3)}
+    for source in sorted(waiting):
+        store.add_candidate(run_id, task_id, source, proposer="seed", status="queued", island=0, generation=0)
+    evaluator = TimeUpEvaluator(waiting, measure_s=2.0)
+    started = time.monotonic()
+    summary = optimizer(store, run_id, cfg, tmp_path, evaluator).run()
+    assert time.monotonic() - started < 30
+    assert summary.status == "finished" and summary.evaluated == 1  # the measuring one, recorded
+    rows = store.run_candidates(run_id)
+    assert {c.source for c, e in rows if e is not None} == {seed}
+    # Queued again, then, the run being finished, marked for a resume (store.close_queue): nothing blamed on them.
+    assert {c.source for c, e in rows if c.status == "not_evaluated" and e is None} == waiting
+    assert store.requeue_unfinished(run_id) == 3
