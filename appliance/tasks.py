@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import hmac
 import io
 import re
 import threading
@@ -16,7 +17,7 @@ import tokenize
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -99,8 +100,11 @@ class Shape:
     timed: bool = True
 
     def describe(self) -> str:
-        """One line for people and prompts: name, sizes, inputs, layout, where it came from."""
+        """One line for people and prompts: name, sizes, inputs, layout, where it came from. A derived shape's
+        sizes are drawn in secret by each worker (secret_draw): those shown are the rule's, as an example."""
         sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items()) or "no sizes"
+        if self.origin.startswith("derived"):
+            sizes = f"sizes drawn in secret for each run, near {sizes}"
         return (f"{self.name}: {sizes}; inputs {self.distribution.get('kind', 'default')}, {self.layout}; "
                 f"{self.origin}{'' if self.timed else ' (correctness only)'}")
 
@@ -109,26 +113,52 @@ DERIVED_FROM = 16  # module-level ints below this are kept as they are: mostly a
 # whose change would change the problem rather than its shape
 
 
-def odd_size(n: int) -> int:
+Draw = Callable[[str, int, int], int]  # (rule, size, span) -> an offset in [0, span)
+
+
+def secret_draw(secret: bytes | None) -> Draw | None:
+    """Offsets for the derived sizes from a secret the candidate never sees (each evaluation worker draws its own):
+    a kernel cannot recognise the sizes it will be checked at and be wrong only elsewhere. One offset per (rule,
+    size), so sizes equal in the file stay equal. None: the sizes the rules name, without offsets (what a prompt
+    shows as an example)."""
+    if secret is None:
+        return None
+
+    def draw(rule: str, n: int, span: int) -> int:
+        digest = hmac.new(secret, f"{rule}:{n}".encode(), hashlib.sha256).digest()
+        return int.from_bytes(digest[:8], "little") % max(1, span)
+    return draw
+
+
+def odd_size(n: int, draw: Draw | None = None) -> int:
     """An odd value above n by up to an eighth (no odd value above 1 is a power of two): a kernel that assumes a
     multiple of its block, or a power of two, meets a size that is neither; one whose block or grid was fitted to the
     file's size (one block holds a row of exactly n) meets a size past it; and a kernel that drops the tail past its
-    last whole block drops a large one (n + p - 1, p a power of two: one short of a whole block of any size <= p)."""
+    last whole block drops a large one (without a draw, n + p - 1, p a power of two: one short of a whole block of any
+    size <= p; with one, a secret odd value between n + p/2 and n + p)."""
     if n < DERIVED_FROM:
         return n
     p = 1 << (max(2, n // 8).bit_length() - 1)  # the largest power of two <= n / 8
-    return (n + p - 1) | 1
+    if draw is None:
+        return (n + p - 1) | 1
+    return (n + p // 2 + draw("odd", n, p // 2)) | 1
 
 
-def smaller_size(n: int) -> int:
-    """An odd value near a quarter of n: another size altogether, cheap to check."""
-    return n if n < DERIVED_FROM else (n // 4) | 1
+def smaller_size(n: int, draw: Draw | None = None) -> int:
+    """An odd value near a quarter of n (a secret one up to a sixteenth of n above it): another size altogether,
+    cheap to check."""
+    if n < DERIVED_FROM:
+        return n
+    return (n // 4 + (draw("smaller", n, n // 16) if draw else 0)) | 1
 
 
-def aligned_size(n: int) -> int:
-    """16 times an odd number, near a quarter of n: even and not a power of two. A kernel that takes a multiple of 16
-    for a multiple of its block (and drops the tail past its last whole block) drops up to a block's worth here."""
-    return n if n < DERIVED_FROM else 16 * ((n // 64) | 1)
+def aligned_size(n: int, draw: Draw | None = None) -> int:
+    """16 times an odd number, near a quarter of n (a secret one up to a sixteenth above it): even and not a power of
+    two. A kernel that takes a multiple of 16 for a multiple of its block (and drops the tail past its last whole
+    block) drops up to a block's worth here."""
+    if n < DERIVED_FROM:
+        return n
+    return 16 * ((n // 64 + (draw("aligned", n, n // 256) if draw else 0)) | 1)
 
 
 def _each_int(value, change):
@@ -136,14 +166,15 @@ def _each_int(value, change):
     return tuple(change(v) for v in value) if isinstance(value, (tuple, list)) else change(value)
 
 
-def derived_shapes(sizes: dict[str, Any], distribution: dict[str, Any]) -> list[Shape]:
+def derived_shapes(sizes: dict[str, Any], distribution: dict[str, Any], secret: bytes | None = None) -> list[Shape]:
     """What a bare KernelBench file (no manifest) is checked at beside its own sizes, derived from its module-level
-    integer sizes. Each size maps by its value alone, so sizes that are equal in the file stay equal (a square
-    matmul's M and K, a width shared by two inputs). The reference runs each first; a shape it cannot run is
-    dropped and listed with the reason (sandbox/harness/referee.py)."""
-    odd = {k: _each_int(v, odd_size) for k, v in sizes.items()}
-    small = {k: _each_int(v, smaller_size) for k, v in sizes.items()}
-    aligned = {k: _each_int(v, aligned_size) for k, v in sizes.items()}
+    integer sizes, with offsets drawn from `secret` (secret_draw). Each size maps by its value alone, so sizes that
+    are equal in the file stay equal (a square matmul's M and K, a width shared by two inputs). The reference runs
+    each first; a shape it cannot run is dropped and listed with the reason (sandbox/harness/referee.py)."""
+    draw = secret_draw(secret)
+    odd = {k: _each_int(v, lambda n: odd_size(n, draw)) for k, v in sizes.items()}
+    small = {k: _each_int(v, lambda n: smaller_size(n, draw)) for k, v in sizes.items()}
+    aligned = {k: _each_int(v, lambda n: aligned_size(n, draw)) for k, v in sizes.items()}
     extra = {"scale": 100.0, "fraction": 0.001}
 
     def shape(name, sz, dist, layout, origin):
@@ -177,13 +208,14 @@ class Task:
     def name(self) -> str:
         return self.path.stem
 
-    def shapes(self, mode: str) -> list[Shape]:
-        """The main shape first, then every extra shape that belongs to this size mode."""
+    def shapes(self, mode: str, secret: bytes | None = None) -> list[Shape]:
+        """The main shape first, then every extra shape that belongs to this size mode (a bare file's derived
+        sizes drawn with `secret`: derived_shapes)."""
         m = self.manifest
         main_sizes = dict(self.sizes) | (m.small.sizes if mode == "small" else {})
         shapes = [Shape("main", main_sizes, m.distribution.model_dump(), "contiguous")]
         if self.manifest_path is None:  # a bare KernelBench file: a manifest's shapes override these
-            return shapes + derived_shapes(main_sizes, m.distribution.model_dump())
+            return shapes + derived_shapes(main_sizes, m.distribution.model_dump(), secret)
         for s in m.shapes:
             if mode in s.modes:
                 dist = (s.distribution or m.distribution).model_dump()

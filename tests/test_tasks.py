@@ -107,6 +107,30 @@ def test_derived_widths_are_neither_powers_of_two_nor_multiples_of_a_block():
         assert aligned % 16 == 0 and aligned % 32 != 0  # even, yet no whole number of any block of 32 or more
 
 
+def test_derived_sizes_are_drawn_in_secret_within_their_rules_and_keep_equal_sizes_equal():
+    """Each worker draws its own (Pipeline.shape_secret): a kernel cannot know the sizes it will be checked at."""
+    import os
+
+    from appliance.tasks import aligned_size, derived_shapes, odd_size, secret_draw, smaller_size
+
+    sizes = {"M": 4096, "K": 4096, "N": 1000, "dim": 1}
+    draws = [derived_shapes(sizes, {}, os.urandom(16)) for _ in range(20)]
+    odd_widths = {d[0].sizes["M"] for d in draws}
+    assert len(odd_widths) > 10  # 256 values to draw from: twenty secrets give many
+    for odd, small, *_, aligned in draws:
+        assert odd.sizes["M"] == odd.sizes["K"] and small.sizes["M"] == small.sizes["K"]  # equal stays equal
+        assert odd.sizes["dim"] == 1
+    for n in (16, 64, 1000, 4096, 8192, 65536):
+        for secret in (os.urandom(16) for _ in range(50)):
+            draw = secret_draw(secret)
+            odd, small, aligned = odd_size(n, draw), smaller_size(n, draw), aligned_size(n, draw)
+            assert odd % 2 == 1 and n < odd <= n + n // 8, (n, odd)
+            assert small % 2 == 1 and n // 4 <= small <= n // 4 + n // 16 + 1, (n, small)
+            assert aligned % 16 == 0 and aligned % 32 != 0 and aligned <= 16 * (n // 64 + n // 256 + 1), (n, aligned)
+    secret = os.urandom(16)
+    assert derived_shapes(sizes, {}, secret)[0].sizes == derived_shapes(sizes, {}, secret)[0].sizes  # one worker: one draw
+
+
 def test_the_gates_layouts_put_rows_further_apart_than_their_width():
     from sandbox.harness.referee import _strides
 

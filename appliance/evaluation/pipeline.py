@@ -239,6 +239,8 @@ class Pipeline:
         # A search sets it (loop.ProfileNewBests): a profile holds the device longer than the evaluation itself.
         self.profile_if: Callable[[float | None], bool] | None = None
         self._in_flight: set[_InFlight] = set()
+        # A bare file's derived sizes are drawn from this (tasks.secret_draw): no candidate can know them ahead.
+        self.shape_secret = os.urandom(16)
         self._in_flight_lock = threading.Lock()
         self._current = threading.local()  # .call: the evaluation this thread runs
 
@@ -313,7 +315,8 @@ class Pipeline:
 
     def _common_spec(self, task: Task, device: str, mode: str) -> dict:
         return {"device": device, "dtype": task.manifest.dtype, "seeds": list(range(task.manifest.seeds)),
-                "shapes": [vars(sh) for sh in task.shapes(mode)], "timing_budget_s": self.settings.timing_budget_s,
+                "shapes": [vars(sh) for sh in task.shapes(mode, self.shape_secret)],
+                "timing_budget_s": self.settings.timing_budget_s,
                 "tolerances": task.tolerances()} | (
                     {"checked_elements": self.settings.checked_elements} if self.settings.checked_elements else {})
 
