@@ -34,7 +34,7 @@ case "$1" in
   k) SUITE_IN_FLIGHT=4 SUITE_WALL=240 SUITE_S=540 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
   # 2026-12-06, fourth session: the GPU tests on the sampled checks, then the tuner on rmsnorm with 8 in flight (the
   # evaluations not measuring yet at --max-wall are now called off, so the run should end near it)
-  l) TESTS_S=300 bash benchmarks/referee_gpu.sh smoke,tests
+  l) TESTS_S=300 bash benchmarks/referee_gpu.sh tests
      SUITE_IN_FLIGHT=8 SUITE_WALL=150 SUITE_S=230 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
   # issue 26: no seed, no LLM: torch.compile's kernels written out, then tuned, on two bundled tasks
   m) timeout 560 python3 benchmarks/optimize_suite.py --tasks softmax,rmsnorm --from-compile --max-candidates 1000 \
