@@ -98,6 +98,25 @@ def test_a_worker_killed_mid_evaluation_fails_that_evaluation_and_its_restart_se
     assert not list((home / "jobs").glob(f"appliance-jobs-{first}-*"))  # swept by the worker started after it
 
 
+def test_a_run_calls_off_only_its_own_evaluations_that_do_not_measure_yet(supervisor, home, softmax_task):
+    """Two runs share a worker (same settings, so one pipeline there): one whose time is up calls off its own
+    evaluation, still waiting for the task's baselines, and the other run's goes on to its verdict."""
+    from appliance.errors import EvaluationCancelled
+
+    [mine] = supervisor.pipelines([None], SETTINGS, slots=2, unsafe=False)
+    [theirs] = supervisor.pipelines([None], SETTINGS, slots=2, unsafe=False)
+    task, path = load_task(softmax_task), socket_path(home, None)
+    with ThreadPoolExecutor(2) as pool:
+        other = pool.submit(theirs.evaluate, task, candidate("good"))
+        wait_for(lambda: (call(path, supervisor.key, {"op": "ping"}) or {}).get("in_flight"), 30, "their evaluation")
+        called_off = pool.submit(mine.evaluate, task, candidate("good"))
+        wait_for(lambda: mine.cancel_unmeasured() == 1, 30, "my evaluation, called off")  # (once it got there)
+        with pytest.raises(EvaluationCancelled, match="called off before it measured"):
+            called_off.result(timeout=120)
+        assert other.result(timeout=300).verdict == "pass"
+    assert mine.cancel_unmeasured() == 0 and theirs.cancel_unmeasured() == 0
+
+
 def test_a_unit_worker_that_goes_away_is_replaced_by_a_child_of_the_supervisor(supervisor, home, softmax_task):
     # A worker the supervisor did not start (as systemd's appliance-worker@N would be) serves the first run ...
     path = socket_path(home, None)
