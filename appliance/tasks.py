@@ -135,13 +135,13 @@ def odd_size(n: int, draw: Draw | None = None) -> int:
     multiple of its block, or a power of two, meets a size that is neither; one whose block or grid was fitted to the
     file's size (one block holds a row of exactly n) meets a size past it; and a kernel that drops the tail past its
     last whole block drops a large one (without a draw, n + p - 1, p a power of two: one short of a whole block of any
-    size <= p; with one, a secret odd value between n + p/2 and n + p)."""
+    size <= p, and the largest a draw gives; with one, any odd value in n + 1 .. n + p, secret)."""
     if n < DERIVED_FROM:
         return n
     p = 1 << (max(2, n // 8).bit_length() - 1)  # the largest power of two <= n / 8
     if draw is None:
         return (n + p - 1) | 1
-    return (n + p // 2 + draw("odd", n, p // 2)) | 1
+    return (n + 1 + 2 * draw("odd", n, p // 2)) | 1
 
 
 def smaller_size(n: int, draw: Draw | None = None) -> int:
@@ -152,13 +152,21 @@ def smaller_size(n: int, draw: Draw | None = None) -> int:
     return (n // 4 + (draw("smaller", n, n // 16) if draw else 0)) | 1
 
 
+ALIGNMENTS = (16, 32, 64, 128)  # an aligned size is one of these times an odd number (which one: drawn, secret)
+
+
 def aligned_size(n: int, draw: Draw | None = None) -> int:
-    """16 times an odd number, near a quarter of n (a secret one up to a sixteenth above it): even and not a power of
-    two. A kernel that takes a multiple of 16 for a multiple of its block (and drops the tail past its last whole
-    block) drops up to a block's worth here."""
+    """16 times an odd number near a quarter of n; with a draw, 16, 32, 64 or 128 times an odd number, near a quarter
+    of n or up to a sixteenth above it, all secret: even and not a power of two. A kernel that takes a multiple of 16
+    for a multiple of its block (and drops the tail past its last whole block) drops up to a block's worth here,
+    and one with a fast path for multiples of 32 (or 64, 128) cannot tell when it is checked."""
     if n < DERIVED_FROM:
         return n
-    return 16 * ((n // 64 + (draw("aligned", n, n // 256) if draw else 0)) | 1)
+    if draw is None:
+        return 16 * ((n // 64) | 1)
+    fits = [a for a in ALIGNMENTS if a == 16 or 3 * a <= n // 4]  # (an odd factor of 3 or more: no power of two)
+    a = fits[draw("alignment", n, len(fits))]
+    return a * ((max(n // 4, a) // a + draw("aligned", n, max(1, n // (16 * a)))) | 1)
 
 
 def _each_int(value, change):

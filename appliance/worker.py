@@ -121,6 +121,7 @@ class WorkerServer:
         self.lock = threading.Lock()
         self.pipelines: dict[str, Pipeline] = {}  # settings -> pipeline, oldest first
         self.users: Counter[str] = Counter()  # settings -> evaluations in flight
+        self.called_off: dict[str | None, float] = {}  # client -> when its run called off what was not measuring
         self.gate = None  # the device's turns, shared by every pipeline of this worker
         self.host_memory = None  # and the host memory its evaluations may hold
         self.tasks: RebuiltTasks | None = None  # set with self.dir, in serve()
@@ -219,17 +220,20 @@ class WorkerServer:
                 "unsafe_no_jail": self.jail.unsafe_no_jail, "in_flight": self.in_flight}
 
     def _evaluate(self, conn: Connection, request: dict) -> dict:
+        asked_at = time.monotonic()
         with self.free:
             with self.idle:
                 if self.stopping:  # waited for a slot while the worker was told to stop: nothing may start now
                     return {"infrastructure_error": "the worker is stopping"}
+                if asked_at <= self.called_off.get(request.get("client"), -1.0):  # waited while its run's time ran out
+                    return {"cancelled": "called off before it started"}
                 self.in_flight += 1
             key = None
             try:
                 key, pipeline = self._acquire(request["settings"])
                 self.profile_if.set(request.get("profile_above"), request.get("task"))
                 outcome = evaluate_sent(pipeline, self.tasks, request["task"], request["source"], request["path"],
-                                        self.dir, tag=request.get("client"))
+                                        self.dir, tag=request.get("client"), asked_at=asked_at)
             except EvaluationCancelled as e:
                 return {"cancelled": str(e)}
             except TaskError as e:
@@ -248,6 +252,7 @@ class WorkerServer:
         """One client's evaluations here that do not measure yet, called off (its run's time is up)."""
         key = json.dumps(request["settings"], sort_keys=True, default=str)
         with self.lock:
+            self.called_off[request.get("client")] = time.monotonic()  # (its requests still waiting for a slot)
             pipeline = self.pipelines.get(key)
         return {"cancelled": pipeline.cancel_unmeasured(request.get("client")) if pipeline else 0}
 

@@ -256,9 +256,9 @@ class Jail:
         limits = self._limits(timeout_s, disk)
         record, held, cgroup = TurnRecord(group=group), None, None
         owned = list(extra_fds)  # _run empties it once the child has them
-        if gate is not None and exclusive:
-            gate.admit(record, resident_bytes)
         try:
+            if gate is not None and exclusive:
+                gate.admit(record, resident_bytes)  # (in the try: a wait called off closes the fds all the same)
             if not self.unsafe_no_jail:
                 self.check()
             cgroup = self._cgroup(limits)

@@ -108,7 +108,8 @@ def test_derived_widths_are_neither_powers_of_two_nor_multiples_of_a_block():
 
 
 def test_derived_sizes_are_drawn_in_secret_within_their_rules_and_keep_equal_sizes_equal():
-    """Each worker draws its own (Pipeline.shape_secret): a kernel cannot know the sizes it will be checked at."""
+    """Each evaluation draws its own (Pipeline._run): a kernel cannot know the sizes it will be checked at, nor tell
+    them from the sizes it could meet anywhere else in the rules' ranges."""
     import os
 
     from appliance.tasks import aligned_size, derived_shapes, odd_size, secret_draw, smaller_size
@@ -119,16 +120,24 @@ def test_derived_sizes_are_drawn_in_secret_within_their_rules_and_keep_equal_siz
     assert len(odd_widths) > 10  # 256 values to draw from: twenty secrets give many
     for odd, small, *_, aligned in draws:
         assert odd.sizes["M"] == odd.sizes["K"] and small.sizes["M"] == small.sizes["K"]  # equal stays equal
-        assert odd.sizes["dim"] == 1
+        assert aligned.sizes["M"] == aligned.sizes["K"] and odd.sizes["dim"] == 1
     for n in (16, 64, 1000, 4096, 8192, 65536):
-        for secret in (os.urandom(16) for _ in range(50)):
+        odds, alignments = set(), set()
+        for secret in (os.urandom(16) for _ in range(200)):
             draw = secret_draw(secret)
             odd, small, aligned = odd_size(n, draw), smaller_size(n, draw), aligned_size(n, draw)
             assert odd % 2 == 1 and n < odd <= n + n // 8, (n, odd)
             assert small % 2 == 1 and n // 4 <= small <= n // 4 + n // 16 + 1, (n, small)
-            assert aligned % 16 == 0 and aligned % 32 != 0 and aligned <= 16 * (n // 64 + n // 256 + 1), (n, aligned)
+            assert aligned % 16 == 0 and aligned <= n // 4 + n // 16 + 256, (n, aligned)
+            odds.add(odd)
+            alignments.add(aligned & -aligned)  # 16, 32, 64 or 128: the largest power of two dividing it
+            if n >= 1000:
+                assert aligned & (aligned - 1), (n, aligned)  # never a power of two
+        if n >= 4096:  # the whole range above n is drawn from, and every alignment
+            assert min(odds) < n + n // 32 and max(odds) > n + n // 8 - n // 32, (n, min(odds), max(odds))
+            assert alignments == {16, 32, 64, 128}, (n, alignments)
     secret = os.urandom(16)
-    assert derived_shapes(sizes, {}, secret)[0].sizes == derived_shapes(sizes, {}, secret)[0].sizes  # one worker: one draw
+    assert derived_shapes(sizes, {}, secret)[0].sizes == derived_shapes(sizes, {}, secret)[0].sizes  # one draw
 
 
 def test_the_gates_layouts_put_rows_further_apart_than_their_width():

@@ -17,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
 import socket
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypedDict
@@ -38,7 +40,7 @@ from appliance.evaluation.timings import pass_reason, speedup, timing_rows
 from appliance.evaluation.verdicts import Rejection, host_out_of_memory, library_fallback, verdict_of
 from appliance.tasks import RebuiltTasks, Task
 from sandbox.builds import ensure_torch_pch
-from sandbox.gate import DeviceGate
+from sandbox.gate import DeviceGate, TurnAbandoned
 from sandbox.jail import Jail, JailResult, JailUnavailable
 
 STAGES = ("load", "compile", "correctness", "timing", "done")
@@ -239,8 +241,7 @@ class Pipeline:
         # A search sets it (loop.ProfileNewBests): a profile holds the device longer than the evaluation itself.
         self.profile_if: Callable[[float | None], bool] | None = None
         self._in_flight: set[_InFlight] = set()
-        # A bare file's derived sizes are drawn from this (tasks.secret_draw): no candidate can know them ahead.
-        self.shape_secret = os.urandom(16)
+        self._called_off: dict[str | None, float] = {}  # tag (None: everyone's) -> when cancel_unmeasured was called
         self._in_flight_lock = threading.Lock()
         self._current = threading.local()  # .call: the evaluation this thread runs
 
@@ -250,6 +251,7 @@ class Pipeline:
         gets its verdict. Returns how many were called off."""
         cancelled = 0
         with self._in_flight_lock:
+            self._called_off[tag] = time.monotonic()  # (and what was asked for before now, not yet started)
             for call in self._in_flight:
                 if tag is not None and call.tag != tag:
                     continue
@@ -263,7 +265,11 @@ class Pipeline:
         self._prepared.clear()
         self.folder.release()
 
-    def evaluate(self, task: Task, candidate_path: str | Path, tag: str | None = None) -> Outcome:
+    def evaluate(self, task: Task, candidate_path: str | Path, tag: str | None = None,
+                 asked_at: float | None = None) -> Outcome:
+        """The verdict on one candidate file. `tag` names whose evaluation it is and `asked_at` (time.monotonic())
+        when it was asked for (a worker's request may wait for a slot): for cancel_unmeasured."""
+        asked_at = time.monotonic() if asked_at is None else asked_at
         s = self.settings
         device = resolve_device(s.device)
         mode = s.mode or ("full" if device == "cuda" else "small")
@@ -290,9 +296,13 @@ class Pipeline:
 
         # A kept job folder goes beside the pipeline's (which goes with the pipeline), for the user to read.
         job = Path(tempfile.mkdtemp(prefix="eval-", dir=self.folder.root if s.keep_job_dir else self.folder.path))
-        call = self._current.call = _InFlight(tag)
+        call = _InFlight(tag)
         with self._in_flight_lock:
+            if asked_at <= max(self._called_off.get(tag, -math.inf), self._called_off.get(None, -math.inf)):
+                remove_tree(job)
+                raise EvaluationCancelled("called off before it started")
             self._in_flight.add(call)
+        self._current.call = call
         with contextlib.ExitStack() as held:  # host memory, held until the job folder is gone
             try:
                 return self._run(task, candidate_path, job, device, mode, base, backends, held)
@@ -313,9 +323,11 @@ class Pipeline:
         self._kept_inputs(task, device, self.settings.mode or ("full" if device == "cuda" else "small"), {}, [],
                           ahead=True)
 
-    def _common_spec(self, task: Task, device: str, mode: str) -> dict:
+    def _common_spec(self, task: Task, device: str, mode: str, secret: bytes | None = None) -> dict:
+        """What every referee of the task is told. A bare file's derived sizes: the rules' own for the baselines
+        (the largest, for the memory estimate), drawn anew from `secret` for each candidate (tasks.secret_draw)."""
         return {"device": device, "dtype": task.manifest.dtype, "seeds": list(range(task.manifest.seeds)),
-                "shapes": [vars(sh) for sh in task.shapes(mode, self.shape_secret)],
+                "shapes": [vars(sh) for sh in task.shapes(mode, secret)],
                 "timing_budget_s": self.settings.timing_budget_s,
                 "tolerances": task.tolerances()} | (
                     {"checked_elements": self.settings.checked_elements} if self.settings.checked_elements else {})
@@ -415,13 +427,18 @@ class Pipeline:
         source.mkdir()
         shutil.copy(candidate_path, source / "candidate.py")
         impl = [{"name": "candidate", "file": str(source / "candidate.py"), "cls": "ModelNew"}]
-        spec = self._common_spec(task, device, mode) | {"role": "candidate", "implementations": impl,
+        # Derived sizes of this evaluation's own, secret until it is served them: what a candidate learns of them
+        # (its own failure's reason, say) says nothing of the next evaluation's.
+        spec = self._common_spec(task, device, mode, os.urandom(16)) | {"role": "candidate", "implementations": impl,
                                                         "calibration": prepared["calibration"]}
         kept = {sh["name"] for sh in prepared["shapes"]}  # not the derived shapes the reference could not run
         spec["shapes"] = [sh for sh in spec["shapes"] if sh["name"] in kept]
         self.progress(f"the candidate, jailed: loading and compiling, correctness at {len(kept)} shape(s) and "
                       f"{task.manifest.seeds} seed(s), then timing")
         referee, run = self._candidate(task, spec, job, source, resident, wall, turns, details)
+        if referee.get("shapes"):  # the sizes this evaluation checked (a bare file's derived ones drawn for it)
+            details["shapes"] = referee["shapes"]
+        details["dropped_shapes"] = details["dropped_shapes"] + referee.get("dropped_shapes", [])
         details["device_turns"] = _sum_turns(turns)
         details["candidate_stderr"] = run.stderr[-4000:]
         details["jail"] = {"limits": run.limits, "limit_events": run.limit_events, "output_bytes": run.output_bytes}
@@ -564,6 +581,8 @@ class Pipeline:
                                 env={SERVER_FD: str(ours.fileno())}, extra_fds=(ours.detach(),),
                                 timeout_s=timeout + self.settings.reference_timeout_s, gate=self.gate,
                                 exclusive=exclusive, resident_bytes=resident_bytes, group=group, stop=cancel)
+        except TurnAbandoned:  # (an exclusive run, the task's prepare, called off while it waited for the device)
+            raise EvaluationCancelled(f"{label}: called off before it measured") from None
         finally:
             # It was told to exit; one that does not within SERVER_GRACE_S of its own running time is stopped (time
             # it spends stopped while another evaluation measures does not count).
@@ -574,7 +593,9 @@ class Pipeline:
                     grace -= 0.5
             stop.set()
             server.join()
-        if cancel is not None and cancel.is_set():  # killed on purpose: its record, if any, is no verdict
+        if cancel is not None and cancel.is_set() and (run.returncode != 0 or read_result(result_path) is None):
+            # Killed on purpose, before its record was whole. (A referee that had written its verdict and ended
+            # keeps it, however long its kernel server then took to exit.)
             raise EvaluationCancelled(f"{label}: called off before it measured")
         if "error" in server_run:
             raise server_run["error"]
@@ -728,7 +749,7 @@ class Pipeline:
 
 
 def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: str, display_path: str,
-                  job_root: Path, tag: str | None = None) -> Outcome:
+                  job_root: Path, tag: str | None = None, asked_at: float | None = None) -> Outcome:
     """An evaluation sent from another process or host (worker processes, Ray actors): the task and the candidate
     arrive as text and are written under `job_root`; the outcome and a TaskError name the sender's files."""
     job = Path(tempfile.mkdtemp(prefix="candidate-", dir=job_root))
@@ -736,7 +757,7 @@ def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: 
         task = tasks.get(files)
         path = job / Path(display_path).name
         path.write_text(source)
-        outcome = pipeline.evaluate(task, path, tag)
+        outcome = pipeline.evaluate(task, path, tag, asked_at)
     except TaskError as e:
         if e.path.startswith(str(tasks.root)):  # our copy of the task: name the sender's
             raise TaskError(files["path"], e.message, e.line) from None

@@ -227,7 +227,7 @@ class Optimizer:
                     candidate, _ = in_flight.pop(future)
                     try:
                         self._record(candidate, future.result())
-                    except InfrastructureError as e:
+                    except Exception as e:  # noqa: BLE001 - raised below, once the others are recorded
                         failure = failure or e
                 self.state["elapsed_s"] += time.monotonic() - started
                 screen_pool.shutdown(wait=False, cancel_futures=True)

@@ -467,9 +467,10 @@ class Referee:
                 try:
                     shapes.append(self._shape(s))
                 except TaskFault as fault:
-                    # Only the baselines' run drops a shape (the candidate's spec holds the shapes it kept), and
+                    # Only a derived shape is dropped (its sizes are the rules' in the baselines' run, drawn anew
+                    # for each candidate's: a size the Model requires may hold at one draw and not another), and
                     # never for running out of memory beside other evaluations.
-                    if (not s.get("origin", "").startswith("derived") or spec["role"] != "baselines"
+                    if (not s.get("origin", "").startswith("derived") or spec["role"] not in ("baselines", "candidate")
                             or device_out_of_memory(fault) is not None):
                         raise
                     # A derived shape the task's own Model cannot run (a size it requires, an input it rejects).
@@ -517,7 +518,7 @@ class Referee:
         model = build_model(spec, task, init, seed, self.device, self.dtype)
         with torch.no_grad():
             result, ops = task_call(f"Model.forward at shape {shape['name']}", spec, record_ops, model, *example)
-            if shape.get("origin", "").startswith("derived") and spec["role"] == "baselines":
+            if shape.get("origin", "").startswith("derived") and spec["role"] in ("baselines", "candidate"):
                 # Every check at this shape needs the float64 reference too: a derived shape where it cannot run
                 # (an op without a float64 kernel, a check in the Model) is dropped here, not failed later.
                 from sandbox.harness.common import cast_floating

@@ -322,6 +322,54 @@ def test_time_up_calls_off_evaluations_that_do_not_measure_yet_and_lets_a_measur
     assert not list(pipeline.folder.path.glob("eval-*"))  # both job folders removed
 
 
+def test_a_verdict_written_before_the_call_off_stands_and_a_prepare_waiting_for_the_device_is_called_off(
+        softmax_task, tmp_path):
+    """A referee that wrote its verdict keeps it, however long the candidate's server then takes to exit (it could
+    otherwise trade a failing verdict for a requeue); an evaluation that prepares the task itself, waiting for the
+    device, is called off as EvaluationCancelled like any other (not an error of the gate's)."""
+    from appliance.errors import EvaluationCancelled
+    from appliance.evaluation.pipeline import EvalSettings, Pipeline
+    from appliance.tasks import load_task
+    from sandbox.gate import TurnRecord
+    from sandbox.jail import Jail
+
+    lingers = tmp_path / "slightly_off_lingers.py"
+    lingers.write_text(candidate("slightly_off").read_text() + "\nimport atexit, time\natexit.register(time.sleep, 8)\n")
+    pipeline = _pipeline(tmp_path / "a", slots=1)
+    task = load_task(softmax_task)
+    results: dict[str, object] = {}
+
+    def evaluate(p, path, name) -> None:
+        try:
+            results[name] = p.evaluate(task, path)
+        except EvaluationCancelled as e:
+            results[name] = e
+
+    worker = threading.Thread(target=evaluate, args=(pipeline, lingers, "lingers"))
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not list(pipeline.folder.path.glob("eval-*/candidate-*/referee/result.json")):
+        assert time.monotonic() < deadline and worker.is_alive()
+        time.sleep(0.05)
+    time.sleep(0.5)  # the record written whole, the server sleeping at its exit
+    pipeline.cancel_unmeasured()
+    worker.join(timeout=60)
+    assert results["lingers"].verdict == "wrong_output", results["lingers"]
+
+    fresh = Pipeline(Jail(), EvalSettings(device="cpu", baselines=("eager",), timing_budget_s=0.05,
+                                          jobs_dir=tmp_path / "b", reuse_inputs=False))  # each prepares its own
+    other = TurnRecord(group="another evaluation")
+    held = fresh.gate.acquire(other)
+    worker = threading.Thread(target=evaluate, args=(fresh, candidate("good"), "preparing"))
+    worker.start()
+    time.sleep(3)
+    assert fresh.cancel_unmeasured() == 1
+    worker.join(timeout=60)
+    fresh.gate.release(other, held)
+    assert isinstance(results["preparing"], EvaluationCancelled), results["preparing"]
+    assert fresh.gate.idle() and fresh.gate.residents() == 0 and fresh.gate.waiting() == 0
+
+
 def test_a_candidate_killed_while_the_hosts_oom_killer_fired_is_not_blamed(softmax_task, tmp_path, monkeypatch):
     """SIGKILL that no limit of ours sent, while the kernel's OOM kill count rose: the host ran out of memory (the
     count is the kernel's, /proc/vmstat; a real host OOM is not provoked here, so it is made to rise)."""
