@@ -54,7 +54,7 @@ def main() -> int:
         stages: dict[str, list] = {way: [] for way in WAYS}
         for _ in range(args.repeats):
             for way, elements in WAYS.items():  # alternating: drift falls on both alike
-                pipeline = Pipeline(Jail(), EvalSettings(device=device, mode=args.mode, baselines=("eager",),
+                pipeline = Pipeline(Jail(gpu=0 if device == "cuda" else None), EvalSettings(device=device, mode=args.mode, baselines=("eager",),
                                                          timing_budget_s=args.timing_budget, reuse_inputs=True,
                                                          checked_elements=elements))
                 try:

@@ -37,7 +37,8 @@ case "$1" in
   l) TESTS_S=300 bash benchmarks/referee_gpu.sh tests
      SUITE_IN_FLIGHT=8 SUITE_WALL=150 SUITE_S=230 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
   # issue 26: no seed, no LLM: torch.compile's kernels written out, then tuned, on two bundled tasks
-  m) timeout 560 python3 benchmarks/optimize_suite.py --tasks softmax,rmsnorm --from-compile --max-candidates 1000 \
-       --max-wall 170 --in-flight 4 --out /dev/shm/compile-suite 2>$OUT/compile_suite.err | tail -4 ;;
+  m) source scripts/gpu_env.sh
+     timeout 550 python3 benchmarks/optimize_suite.py --tasks softmax,rmsnorm --from-compile --max-candidates 1000 \
+       --max-wall 165 --in-flight 4 --out /dev/shm/compile-suite 2>$OUT/compile_suite.err | tail -4 ;;
 esac
 for f in $OUT/*.err $OUT/*/*.err; do echo "== $f"; grep -v "^\s*$" "$f" | tail -4 | cut -c1-600; done
