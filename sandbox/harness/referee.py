@@ -624,7 +624,7 @@ class Referee:
                 outs = _outputs(slots, self.arena, answer, Stage.CORRECTNESS)[0]
                 snapshot = [o.clone() for o in outs]
                 self.sync()
-                self._note_provenance(answer)
+                self._note_provenance(answer, shape.get("timed", True))
                 time.sleep(SETTLE_S)
                 if any(not _same(a, b) for a, b in zip(outs, snapshot)):
                     raise Rejected(Verdict.DEFERRED_WORK, Stage.CORRECTNESS,
@@ -642,14 +642,23 @@ class Referee:
         if self.cuda:
             torch.cuda.empty_cache()
 
-    def _note_provenance(self, answer: dict) -> None:
-        """What the server says its calls ran: a policy check on honest output (it can lie), never a security one."""
+    def _note_provenance(self, answer: dict, timed: bool = True) -> None:
+        """What the server says its calls ran: a policy check on honest output (it can lie), never a security one.
+        Recorded on every call; the fallback rule reads the calls at timed shapes (where speed is claimed). At a
+        correctness-only shape (a bare file's derived ones) running the reference's own ops is no fallback: a
+        kernel made for the task's sizes, correct at every other (torch.compile's written out, say), may do so."""
         ops, launches = answer.get("ops"), _count(answer.get("launches"))
         if not (isinstance(ops, list) and all(isinstance(o, str) for o in ops) and launches is not None):
             raise Rejected(Verdict.PROTOCOL_ERROR, Stage.CORRECTNESS, "the kernel server sent no record of what "
                            "forward ran")
         p = self.provenance
-        p["ops"] = sorted(set(p.get("ops", [])) | {o[:80] for o in ops[:500]})
+        ops = {o[:80] for o in ops[:500]}
+        if not timed:
+            p["untimed_ops"] = sorted(set(p.get("untimed_ops", [])) | ops)
+            p["untimed_own_launches"] = min(p.get("untimed_own_launches", launches), launches)
+            p["untimed_calls"] = p.get("untimed_calls", 0) + 1
+            return
+        p["ops"] = sorted(set(p.get("ops", [])) | ops)
         p["own_launches"] = launches if "own_launches" not in p else min(p["own_launches"], launches)
         p["calls"] = p.get("calls", 0) + 1
 
