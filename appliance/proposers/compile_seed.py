@@ -19,13 +19,15 @@ from appliance.proposers.base import Proposal
 from appliance.tasks import Task
 from sandbox.jail import Jail
 
-CAPTURE_TIMEOUT_S = 600.0  # Inductor's code generation, once per shape the gate checks (about 5 s each on a CPU)
+CAPTURE_TIMEOUT_S = 600.0  # Inductor's code generation, once per shape the gate times (about 5 s each on a CPU)
 MAX_SEED_BYTES = 4 << 20
 
 
 def compile_seed(task: Task, jail: Jail, jobs_dir: Path, device: str, mode: str,
                  timeout_s: float = CAPTURE_TIMEOUT_S) -> Proposal:
-    """torch.compile's kernels for every shape the gate checks at `mode`, as one candidate source."""
+    """torch.compile's kernels for every shape the gate times at `mode`, as one candidate source. A bare file's
+    derived shapes are drawn anew for each evaluation (tasks.secret_draw): no graph captured ahead could match them,
+    so none is; there the seed runs the task's Model (correct, and no fallback at a shape that is not timed)."""
     start = time.monotonic()
     jobs_dir = Path(jobs_dir)
     jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -36,7 +38,7 @@ def compile_seed(task: Task, jail: Jail, jobs_dir: Path, device: str, mode: str,
         work.mkdir()
         shutil.copy(task.path, specs / "task.py")
         spec = {"task_file": str(specs / "task.py"), "task_display": task.path.name, "device": device,
-                "dtype": task.manifest.dtype, "shapes": [vars(s) for s in task.shapes(mode)],
+                "dtype": task.manifest.dtype, "shapes": [vars(s) for s in task.shapes(mode) if s.timed],
                 "workdir": str(work), "result": str(work / "result.json")}
         (specs / "spec.json").write_text(json.dumps(spec))
         run = jail.run([sys.executable, "-m", "sandbox.harness.inductor_seed", str(specs / "spec.json")],
