@@ -341,7 +341,11 @@ class Pipeline:
         """The baselines' record for this task (kept with reuse_inputs), made by the first caller; the others wait.
         A record made `ahead` of any evaluation is charged (wall seconds, device turns) to the first one."""
         key = self._key(task, device, mode)
-        with self._once:
+        call: _InFlight | None = getattr(self._current, "call", None)
+        while not self._once.acquire(timeout=0.5):  # (another thread prepares: a call-off need not wait for it)
+            if call is not None and call.cancel.is_set():
+                raise EvaluationCancelled("called off while the task's baselines were being prepared")
+        try:
             kept = self._prepared.get(key)
             if kept is not None:
                 if ahead:
@@ -358,6 +362,8 @@ class Pipeline:
             finally:
                 remove_tree(workdir)
             return self._prepared[key]
+        finally:
+            self._once.release()
 
     def _prepare(self, task: Task, device: str, mode: str, job: Path, wall: dict, turns: list[dict]) -> dict:
         """The baselines (the task's Model, eager and torch.compile'd, served by a kernel server of their own) are

@@ -370,6 +370,40 @@ def test_a_verdict_written_before_the_call_off_stands_and_a_prepare_waiting_for_
     assert fresh.gate.idle() and fresh.gate.residents() == 0 and fresh.gate.waiting() == 0
 
 
+def test_an_evaluation_waiting_for_the_runs_prepare_is_called_off_without_waiting_for_it(softmax_task, tmp_path):
+    """The run prepares the task ahead (Pipeline.prepare, on a thread of its own); an evaluation waiting for those
+    baselines is called off at once, and the prepare goes on (it serves the run's next session too)."""
+    from appliance.errors import EvaluationCancelled
+    from appliance.tasks import load_task
+    from sandbox.gate import TurnRecord
+
+    pipeline = _pipeline(tmp_path, slots=2)
+    task = load_task(softmax_task)
+    other = TurnRecord(group="another evaluation")
+    held = pipeline.gate.acquire(other)  # the prepare waits for the device, holding the task's preparation
+    ahead = threading.Thread(target=pipeline.prepare, args=(task,))
+    ahead.start()
+    result: dict[str, object] = {}
+
+    def evaluate() -> None:
+        try:
+            result["outcome"] = pipeline.evaluate(task, candidate("good"))
+        except EvaluationCancelled as e:
+            result["outcome"] = e
+
+    waiting = threading.Thread(target=evaluate)
+    waiting.start()
+    time.sleep(2)
+    assert pipeline.cancel_unmeasured() == 1
+    waiting.join(timeout=10)
+    assert not waiting.is_alive() and isinstance(result["outcome"], EvaluationCancelled), result
+    assert "baselines were being prepared" in str(result["outcome"])
+    pipeline.gate.release(other, held)
+    ahead.join(timeout=120)
+    assert pipeline._prepared  # the prepare finished, kept for the next evaluation
+    pipeline.close()
+
+
 def test_a_candidate_killed_while_the_hosts_oom_killer_fired_is_not_blamed(softmax_task, tmp_path, monkeypatch):
     """SIGKILL that no limit of ours sent, while the kernel's OOM kill count rose: the host ran out of memory (the
     count is the kernel's, /proc/vmstat; a real host OOM is not provoked here, so it is made to rise)."""
