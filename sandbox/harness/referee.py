@@ -787,8 +787,13 @@ class Referee:
             nets, reads, checked, self._launches, self._in_arena, self._raw = [], [], 0, math.inf, [], []
             self._whole_check_due = True
             self._staged = []
+            # Energy at the main shape: NVML's counter read around the timed batches' own windows (outside them),
+            # so that no batch more (and no check more) is run for it but where those windows are too short.
+            metered = sh["shape"]["name"] == "main" and self._millijoules() is not None
+            energy_windows: list | None = [] if metered else None
             for k in sizes:
-                per_call, read, seeds, sums, sample, outs = self._batch(slots, k, net_cal, p, read_cap)
+                per_call, read, seeds, sums, sample, outs = self._batch(slots, k, net_cal, p, read_cap,
+                                                                        energy=energy_windows)
                 nets.append((k, per_call * k))
                 reads.append(read)
                 if check:
@@ -821,8 +826,9 @@ class Referee:
                        "stage_ms": round(staged, 4), "launches_per_call_min": self._launches,
                        "outputs_in_arena": round(statistics.mean(self._in_arena), 4) if self._in_arena else 0.0,
                        "raw_window_ms": round(statistics.median(self._raw), 4)}
-            if sh["shape"]["name"] == "main" and self._millijoules() is not None:
-                energy, more = self._energy(sh, slots, per_batch, cal, p if check else 0.0, read_cap, init, seed0)
+            if metered:
+                energy, more = self._energy(sh, slots, per_batch, cal, p if check else 0.0, read_cap, init, seed0,
+                                            energy_windows, calls)
                 summary |= energy
                 checked += more
             slots.close()
@@ -950,20 +956,21 @@ class Referee:
         return len(sample)
 
     def _energy(self, sh: dict, slots: Slots, k: int, cal: dict, p: float, read_cap_ms: float | None, init: list,
-                seed0: int) -> tuple[dict, int]:
-        """Energy per call from NVML's counter around the windows of a few batches more, run after the timed ones
-        and checked as they are (calls that skip their work would spend less): reading the counter takes about a
-        millisecond, which must not sit inside any timed window. The windows hold our copy of the inputs too.
-        Returns (the energy record, the calls checked)."""
-        windows, calls, checked = [], 0, 0
-        while sum(w[1] for w in windows) < ENERGY_WINDOW_S and calls < ENERGY_MAX_BATCHES * k:
+                seed0: int, windows: list, calls: int) -> tuple[dict, int]:
+        """Energy per call from NVML's counter around the timed batches' windows (`windows`, `calls`: read outside
+        them, since a read takes about a millisecond), topped up with batches more, checked as the timed ones are
+        (calls that skip their work would spend less), while the windows add up to less than ENERGY_WINDOW_S. The
+        windows hold our copy of the inputs too. Returns (the energy record, the calls checked)."""
+        checked, extra = 0, 0
+        while sum(w[1] for w in windows) < ENERGY_WINDOW_S and extra < ENERGY_MAX_BATCHES:
             _, _, seeds, sums, sample, outs = self._batch(slots, k, cal, p, read_cap_ms, energy=windows)
             if p:
                 checked += self._check_timed(sh, slots, init, seed0, seeds, sums, sample, outs)
             calls += k
+            extra += 1
         joules, seconds = sum(w[0] for w in windows) / 1e3, sum(w[1] for w in windows)
         return {"energy_j_per_call": joules / calls, "avg_power_w": joules / max(seconds, 1e-9),
-                "energy_calls": calls}, checked
+                "energy_calls": calls, "energy_extra_batches": extra}, checked
 
     def _millijoules(self) -> int | None:
         if not self.cuda:

@@ -231,3 +231,32 @@ def test_a_candidates_fixed_cost_is_capped_at_the_larger_of_the_trusted_servers_
     out = referee._baselines([{"shape": {"name": "main"}}, {"shape": {"name": "odd"}}])
     assert out["calibration"]["main"]["fixed_ms"] == 1.4  # compile's, the larger
     assert out["calibration"]["odd"]["fixed_ms"] == 0.8  # compile is timed at the main shape only
+
+
+def test_energy_is_read_around_the_timed_batches_and_topped_up_only_while_their_windows_are_short(session,
+                                                                                                 monkeypatch):
+    """NVML's counter (here a fake one: 1000 W) is read outside every timed batch's window at the main shape; batches
+    more are run (and checked like the timed ones) only while the windows add up to less than ENERGY_WINDOW_S."""
+    import time
+
+    from sandbox.harness import referee as referee_module
+
+    referee, server, sh = session
+    reads = []
+
+    def millijoules() -> int:
+        reads.append(time.monotonic())
+        return int(time.monotonic() * 1e6)  # 1e6 mJ a second: 1000 W
+
+    referee._millijoules = millijoules
+    trusted = {"tiny_ms": 1e-4, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 1}
+    for window_s in (0.0, 0.5):  # windows always long enough; then never (a cap of batches more)
+        monkeypatch.setattr(referee_module, "ENERGY_WINDOW_S", window_s)
+        monkeypatch.setattr(referee_module, "ENERGY_MAX_BATCHES", 3)
+        reads.clear()
+        summary, _ = referee._timed(sh, check=False, calibration=trusted)
+        extra = summary["energy_extra_batches"]
+        assert extra == (0 if window_s == 0.0 else 3), summary
+        assert summary["energy_calls"] == summary["reps"] + extra * summary["calls_per_batch"], summary
+        assert len(reads) == 1 + 2 * (summary["batches"] + extra)  # (one read says a meter is there)
+        assert summary["avg_power_w"] >= 999 and summary["energy_j_per_call"] > 0, summary
