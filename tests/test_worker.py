@@ -112,7 +112,7 @@ def test_a_run_calls_off_only_its_own_evaluations_that_do_not_measure_yet(superv
         called_off = pool.submit(mine.evaluate, task, candidate("good"))
         wait_for(lambda: (call(path, supervisor.key, {"op": "ping"}) or {}).get("in_flight") == 2, 30, "mine")
         assert mine.cancel_unmeasured() in (0, 1)  # 0: asked for, not yet started (called off as it starts)
-        with pytest.raises(EvaluationCancelled, match="called off before it measured"):
+        with pytest.raises(EvaluationCancelled, match="called off"):
             called_off.result(timeout=120)
         assert other.result(timeout=300).verdict == "pass"
     assert mine.cancel_unmeasured() == 0 and theirs.cancel_unmeasured() == 0

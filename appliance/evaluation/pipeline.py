@@ -599,9 +599,10 @@ class Pipeline:
                     grace -= 0.5
             stop.set()
             server.join()
-        if cancel is not None and cancel.is_set() and (run.returncode != 0 or read_result(result_path) is None):
-            # Killed on purpose, before its record was whole. (A referee that had written its verdict and ended
-            # keeps it, however long its kernel server then took to exit.)
+        # Killed on purpose: no verdict, unless its record was written whole (atomically) before that; then it
+        # stands, however long the kernel server took to exit (or the referee itself, once it had written it).
+        stopped = cancel is not None and cancel.is_set()
+        if stopped and read_result(result_path) is None:
             raise EvaluationCancelled(f"{label}: called off before it measured")
         if "error" in server_run:
             raise server_run["error"]
@@ -626,7 +627,7 @@ class Pipeline:
                                                 f"{run.limits.get(limit, 0) / 2**30:.3g} GiB ({event}): raise "
                                                 f"{setting} (or eval's --{'disk' if event == 'disk_limit' else 'memory'}"
                                                 "-limit)")
-        if result is None or run.returncode != 0:
+        if result is None or (run.returncode != 0 and not stopped):
             raise InfrastructureError(f"the referee ({label}) failed with exit code {run.returncode}: "
                                       f"{run.stderr[-3000:]}")
         if result["status"] == "task_error":
