@@ -334,7 +334,7 @@ def test_a_verdict_written_before_the_call_off_stands_and_a_prepare_waiting_for_
     from sandbox.jail import Jail
 
     lingers = tmp_path / "slightly_off_lingers.py"
-    lingers.write_text(candidate("slightly_off").read_text() + "\nimport atexit, time\natexit.register(time.sleep, 8)\n")
+    lingers.write_text(candidate("slightly_off").read_text() + "\nimport atexit, time\natexit.register(time.sleep, 4)\n")
     pipeline = _pipeline(tmp_path / "a", slots=1)
     task = load_task(softmax_task)
     results: dict[str, object] = {}
