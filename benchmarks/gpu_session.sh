@@ -40,5 +40,10 @@ case "$1" in
   m) source scripts/gpu_env.sh
      timeout 550 python3 benchmarks/optimize_suite.py --tasks softmax,rmsnorm --from-compile --max-candidates 1000 \
        --max-wall 165 --in-flight 4 --out /dev/shm/compile-suite 2>$OUT/compile_suite.err | tail -4 ;;
+  # Next (not yet run): the energy read around the timed batches (no extra checked batches) on rmsnorm: device time
+  # per evaluation and evaluations per GPU-hour, then the GPU tests it touches
+  n) SUITE_IN_FLIGHT=8 SUITE_WALL=150 SUITE_S=230 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite
+     CHECK_COST_S=150 REPEATS=1 CHECK_COST_TASKS=rmsnorm bash benchmarks/referee_gpu.sh check_cost
+     GPU_TESTS="evidence or referee_attacks" TESTS_S=180 bash benchmarks/referee_gpu.sh tests ;;
 esac
 for f in $OUT/*.err $OUT/*/*.err; do echo "== $f"; grep -v "^\s*$" "$f" | tail -4 | cut -c1-600; done
