@@ -260,6 +260,11 @@ class Pipeline:
                     cancelled += 1
         return cancelled
 
+    @staticmethod
+    def _derived_secret() -> bytes:
+        """The key one evaluation's derived sizes are drawn with (tasks.secret_draw)."""
+        return os.urandom(16)
+
     def close(self) -> None:
         """Forget the baselines kept for reuse, and remove this pipeline's folder."""
         self._prepared.clear()
@@ -435,7 +440,7 @@ class Pipeline:
         impl = [{"name": "candidate", "file": str(source / "candidate.py"), "cls": "ModelNew"}]
         # Derived sizes of this evaluation's own, secret until it is served them: what a candidate learns of them
         # (its own failure's reason, say) says nothing of the next evaluation's.
-        spec = self._common_spec(task, device, mode, os.urandom(16)) | {"role": "candidate", "implementations": impl,
+        spec = self._common_spec(task, device, mode, self._derived_secret()) | {"role": "candidate", "implementations": impl,
                                                         "calibration": prepared["calibration"]}
         kept = {sh["name"] for sh in prepared["shapes"]}  # not the derived shapes the reference could not run
         spec["shapes"] = [sh for sh in spec["shapes"] if sh["name"] in kept]

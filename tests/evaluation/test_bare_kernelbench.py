@@ -139,19 +139,64 @@ def test_an_attackers_wrong_kernel_on_a_bare_problem_is_caught(pipeline, tmp_pat
     assert f"at shape {shape} " in outcome.reason, outcome.reason
 
 
-# Wrong kernels that still pass (known gaps, each named): name -> (problem, why the gate misses it)
+def _l2n_variant(tmp_path, name: str, lowp: str):
+    """l2n_detect.py (exact where `lowp` is false, bf16 elsewhere) with another condition for bf16."""
+    path = tmp_path / f"{name}.py"
+    source = (FIXTURES / "bare" / "attacks" / "l2n_detect.py").read_text()
+    path.write_text(source.replace("lowp = tuple(x.shape) not in _CHECKED", f"lowp = {lowp}"))
+    return path
+
+
+def _secret_where(condition) -> bytes:
+    """A key whose draws for l2_normalize's width (4096) meet `condition(draw)`: an evaluation made predictable."""
+    from appliance.tasks import secret_draw
+
+    return next(key for key in (i.to_bytes(16, "little") for i in range(1000)) if condition(secret_draw(key)))
+
+
+@pytest.mark.slow
+def test_a_fast_path_for_multiples_of_32_meets_an_aligned_size_it_could_not_foresee(pipeline, monkeypatch):
+    """The third review's kernel (exact at 16 x odd widths, wrong at other multiples of 32) passed while aligned sizes
+    were 16 x odd only; with 32, 64 or 128 x odd drawn (3 evaluations in 4) it is caught there."""
+    from appliance.tasks import aligned_size, load_task
+
+    key = _secret_where(lambda draw: aligned_size(4096, draw) % 32 == 0)
+    monkeypatch.setattr(pipeline, "_derived_secret", lambda: key)
+    outcome = pipeline.evaluate(load_task(REPO / "benchmarks" / "bare" / "l2_normalize.py"),
+                                FIXTURES / "bare" / "attacks" / "l2n_mult32.py")
+    assert outcome.verdict == "wrong_output" and "at shape aligned_padded " in outcome.reason, outcome.reason
+
+
+@pytest.mark.slow
+def test_sizes_learned_from_one_evaluation_say_nothing_of_the_next(pipeline, tmp_path, monkeypatch):
+    """The third review learned an evaluation's derived sizes from its own failure reason, and a kernel exact only at
+    them passed the next evaluation while a worker drew them once. Each evaluation draws its own now."""
+    from appliance.tasks import load_task, odd_size
+
+    task = load_task(REPO / "benchmarks" / "bare" / "l2_normalize.py")
+    shown = task.shapes("small", _secret_where(lambda draw: True))  # what one evaluation showed
+    learned = {tuple(s.sizes.values()) for s in shown}
+    learned_odd = next(s.sizes["dim"] for s in shown if s.name == "odd")
+    key = _secret_where(lambda draw: odd_size(4096, draw) != learned_odd)
+    monkeypatch.setattr(pipeline, "_derived_secret", lambda: key)
+    outcome = pipeline.evaluate(task, _l2n_variant(tmp_path, "l2n_learned", f"tuple(x.shape) not in {learned!r}"))
+    assert outcome.verdict == "wrong_output" and "at shape odd " in outcome.reason, outcome.reason
+
+
+# Wrong kernels that still pass (known gaps, each named): name -> (problem, its condition for bf16, why it passes)
 GAPS = {
-    "l2n_far": ("l2_normalize", "no derived size is more than an eighth above the file's: a kernel wrong only at "
-                "much larger sizes is never checked there"),
+    "l2n_far": ("l2_normalize", "x.shape[1] > 4608", "no derived size is more than an eighth above the file's (4096 + "
+                "4096 / 8 = 4608): a kernel wrong only at much larger sizes is never checked there"),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=f"known gap: {why}"))
-                                  for n, (_, why) in sorted(GAPS.items())])
-def test_a_wrong_kernel_the_gate_still_misses_is_caught(pipeline, name):
+                                  for n, (_, _, why) in sorted(GAPS.items())])
+def test_a_wrong_kernel_the_gate_still_misses_is_caught(pipeline, tmp_path, name):
     from appliance.tasks import load_task
 
-    outcome = pipeline.evaluate(load_task(REPO / "benchmarks" / "bare" / f"{GAPS[name][0]}.py"),
-                                FIXTURES / "bare" / "attacks" / f"{name}.py")
+    problem, lowp, _ = GAPS[name]
+    outcome = pipeline.evaluate(load_task(REPO / "benchmarks" / "bare" / f"{problem}.py"),
+                                _l2n_variant(tmp_path, name, lowp))
     assert outcome.verdict != "pass", outcome.reason
