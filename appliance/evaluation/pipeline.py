@@ -440,8 +440,8 @@ class Pipeline:
         impl = [{"name": "candidate", "file": str(source / "candidate.py"), "cls": "ModelNew"}]
         # Derived sizes of this evaluation's own, secret until it is served them: what a candidate learns of them
         # (its own failure's reason, say) says nothing of the next evaluation's.
-        spec = self._common_spec(task, device, mode, self._derived_secret()) | {"role": "candidate", "implementations": impl,
-                                                        "calibration": prepared["calibration"]}
+        spec = self._common_spec(task, device, mode, self._derived_secret()) | {
+            "role": "candidate", "implementations": impl, "calibration": prepared["calibration"]}
         kept = {sh["name"] for sh in prepared["shapes"]}  # not the derived shapes the reference could not run
         spec["shapes"] = [sh for sh in spec["shapes"] if sh["name"] in kept]
         self.progress(f"the candidate, jailed: loading and compiling, correctness at {len(kept)} shape(s) and "
