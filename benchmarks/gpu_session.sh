@@ -45,5 +45,10 @@ case "$1" in
   n) SUITE_IN_FLIGHT=8 SUITE_WALL=150 SUITE_S=230 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite
      CHECK_COST_S=150 REPEATS=1 CHECK_COST_TASKS=rmsnorm bash benchmarks/referee_gpu.sh check_cost
      GPU_TESTS="evidence or referee_attacks" TESTS_S=180 bash benchmarks/referee_gpu.sh tests ;;
+  # 2026-12-06, fifth session: issue 26's path (compile seed, then the tuner; no LLM) on six tasks not yet run that way
+  o) source scripts/gpu_env.sh
+     timeout 560 python3 benchmarks/optimize_suite.py --max-candidates 1000 --max-wall 55 --in-flight 4 --from-compile \
+       --tasks layernorm,log_softmax,swiglu,gelu_tanh,benchmarks/kernelbench/relu.py,benchmarks/kernelbench/sum_reduce.py \
+       --out /dev/shm/compile-suite-o --copy-dbs $OUT/compile-o 2>$OUT/compile_suite_o.err | tail -8 ;;
 esac
 for f in $OUT/*.err $OUT/*/*.err; do echo "== $f"; grep -v "^\s*$" "$f" | tail -4 | cut -c1-600; done
