@@ -52,6 +52,7 @@ def main() -> int:
         task = load_task(REPO / "benchmarks" / "tasks" / f"{name}.py")
         task.sizes = task.sizes | {k: int(v) for k, v in (kv.split("=") for kv in args.sizes.split(",") if kv)}
         stages: dict[str, list] = {way: [] for way in WAYS}
+        phases: dict[str, list[dict]] = {way: [] for way in WAYS}  # the main shape's timing stage, per phase
         for _ in range(args.repeats):
             for way, elements in WAYS.items():  # alternating: drift falls on both alike
                 pipeline = Pipeline(Jail(gpu=0 if device == "cuda" else None), EvalSettings(device=device, mode=args.mode, baselines=("eager",),
@@ -66,6 +67,7 @@ def main() -> int:
                              and t.get("implementation") == "candidate"), {})
                 stages[way].append((outcome.verdict, referee.get("correctness"), referee.get("timing"),
                                     main.get("checked_calls"), main.get("median_ms")))
+                phases[way].append(main.get("referee_s") or {})
         for way, rows in stages.items():
             def med(i):
                 values = [r[i] for r in rows if isinstance(r[i], (int, float))]
@@ -73,6 +75,10 @@ def main() -> int:
             verdicts = ",".join(sorted({r[0] for r in rows}))
             print(f"| {name} | {way} | {len(rows)} | {verdicts} | {med(1)} | {med(2)} | {med(3)} | {med(4)} |",
                   flush=True)
+        for way, runs in phases.items():  # where the main shape's timing stage went (the referee's clock)
+            keys = sorted({k for r in runs for k in r})
+            spent = ", ".join(f"{k} {statistics.median(r.get(k, 0.0) for r in runs):.3g}" for k in keys)
+            print(f"\n{name}, {way}: main shape's timing stage, median s per phase: {spent or '-'}", flush=True)
     return 0
 
 

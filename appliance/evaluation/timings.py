@@ -30,6 +30,9 @@ def timing_rows(task: Task, prepared: dict, candidate: dict, device: str, ceilin
                    "median_ms": t.get("median_ms"), "iqr_ms": t.get("iqr_ms"), "min_ms": t.get("min_ms"),
                    "reps": t.get("reps"), "error": t.get("error"), "flops": flops, "bytes": nbytes}
             row |= {k: t[k] for k in TIMING_EVIDENCE if isinstance(t.get(k), (int, float))}
+            if isinstance(t.get("referee_s"), dict):  # where the referee's timing stage went, seconds per phase
+                row["referee_s"] = {str(k)[:40]: v for k, v in list(t["referee_s"].items())[:20]
+                                    if isinstance(v, (int, float))}
             if t.get("median_ms") and flops:
                 row["tflops"] = flops / t["median_ms"] / 1e9
             if t.get("median_ms") and nbytes:

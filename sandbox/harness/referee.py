@@ -34,6 +34,7 @@ once and after the checks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -44,6 +45,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections import defaultdict
 from pathlib import Path
 
 from sandbox import protocol
@@ -453,6 +455,18 @@ class Referee:
         self._models_key, self._models = None, None  # the last reference Models, by (shape, seed) (_compare)
         self._whole_check_due = True  # the next sampled timed call is judged whole (_check_timed)
         self.checked_elements = spec.get("checked_elements", CHECKED_ELEMENTS)  # the later ones at this many
+        self._spent: defaultdict[str, float] = defaultdict(float)  # a shape's timing stage, seconds per phase
+
+    @contextlib.contextmanager
+    def _spending(self, phase: str):
+        """Where a shape's timing stage goes (evidence: `referee_s` in its summary). Host seconds: device work
+        not yet synchronised falls on the phase that waits for it. A dotted phase ("batch.windows") is a part of
+        every phase it happens in (the estimate's, the timed and the energy's batches; the checks)."""
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            self._spent[phase] += self.clock() - t0
 
     # --- the whole run ---------------------------------------------------------------------------------------
 
@@ -678,7 +692,7 @@ class Referee:
         self._models_key, self._models = None, None  # (the last pair freed before the next is built)
         if eager_model is None:
             eager_model = build_model(self.spec, self.task, init, seed, self.device, self.dtype)
-        with torch.no_grad():
+        with torch.no_grad(), self._spending("checks.forwards"):
             eager = as_outputs(task_call("the task's Model", self.spec, eager_model, *args))
             if model is None:  # made after eager's first forward: weights a lazy module makes then are eager's too
                 model = self._float64_copy(eager_model)
@@ -696,11 +710,12 @@ class Referee:
                       "error, L2)")
             whole = (outs, refs, eager)
             outs, refs, eager = secret_sample(outs, refs, eager, elements, self.secret.getrandbits(62))
-        failure = compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where, eager=eager,
-                                  margins=margins, defined_only=defined_only)
-        if whole is not None and not failure:
-            failure = compare_in_norm(*whole[:2], self.spec["tolerances"], where, eager=whole[2],
-                                      defined_only=defined_only)
+        with self._spending("checks.compare"):
+            failure = compare_outputs(outs, refs, sh["outputs"], self.spec["tolerances"], where, eager=eager,
+                                      margins=margins, defined_only=defined_only)
+            if whole is not None and not failure:
+                failure = compare_in_norm(*whole[:2], self.spec["tolerances"], where, eager=whole[2],
+                                          defined_only=defined_only)
         if not failure:
             return max(margins, default=0.0)
         if verdict == Verdict.TIMED_OUTPUT_MISMATCH:
@@ -740,19 +755,23 @@ class Referee:
         rebuild). Returns (summary, calibration: the fixed cost of a request, our copy of one call's inputs and
         our read of its outputs, and the calls per batch, as measured beside this implementation)."""
         seed0 = spec_seed(self.spec)
-        with device_turn(shared=True):  # the first call compiles (torch.compile, a new shape's kernels)
+        self._spent.clear()
+        started = self.clock()
+        with device_turn(shared=True), self._spending("first_call"):  # the first call compiles (a new shape's kernels)
             init = self._build(sh, seed0)
             single = self._slots(sh, "check", 1)
             self._batch(single, 1, {"tiny_ms": 0.0, "tiny_read_ms": 0.0, "stage_ms": None})  # (only sets K)
         set_bytes = sh["record"]["input_bytes"] + sh["record"]["output_bytes"]
         with device_turn():
             read_cap = calibration["read_ms"] if calibration else None
-            cal = self._calibrate(single, calibration)
+            with self._spending("calibrate"):
+                cal = self._calibrate(single, calibration)
             estimate, cycle = [], []  # ms of one call; ms of one whole single-call batch (inputs drawn, checked)
             for _ in range(3):
                 t0 = self.clock()
                 estimate.append(self._batch(single, 1, cal, read_cap_ms=read_cap)[0])
                 cycle.append((self.clock() - t0) * 1e3)
+            self._spent["estimate"] += sum(cycle) / 1e3
             estimate = statistics.median(estimate)
             single.close()
             # K from this server's own estimate, but on a GPU never fewer calls than the trusted server's batches
@@ -778,7 +797,8 @@ class Referee:
             calls = sum(sizes)
             p = 1 - MISS_PROBABILITY ** (1 / max(1.0, SKIP_FRACTION * calls)) if check else 0.0
             slots = self._slots(sh, "timing", per_batch)
-            cal = self._calibrate(slots, calibration)  # again, after a copy of these slots' inputs (as a batch)
+            with self._spending("calibrate"):
+                cal = self._calibrate(slots, calibration)  # again, after a copy of these slots' inputs (as a batch)
             if per_batch < fewest_trusted:  # (the CPU, where K is the server's own): a server that dawdles in its
                 # estimate calls for batches of one gets no more of the fixed cost off each call than the trusted
                 # server's batches gave theirs
@@ -792,12 +812,14 @@ class Referee:
             metered = sh["shape"]["name"] == "main" and self._millijoules() is not None
             energy_windows: list | None = [] if metered else None
             for k in sizes:
-                per_call, read, seeds, sums, sample, outs = self._batch(slots, k, net_cal, p, read_cap,
-                                                                        energy=energy_windows)
+                with self._spending("batches"):
+                    per_call, read, seeds, sums, sample, outs = self._batch(slots, k, net_cal, p, read_cap,
+                                                                            energy=energy_windows)
                 nets.append((k, per_call * k))
                 reads.append(read)
                 if check:
-                    checked += self._check_timed(sh, slots, init, seed0, seeds, sums, sample, outs)
+                    with self._spending("checks"):
+                        checked += self._check_timed(sh, slots, init, seed0, seeds, sums, sample, outs)
                 del outs
             line = {}  # the two sizes' median net windows, and the most the fixed cost may be (evidence)
             windows = _median_windows(nets)
@@ -827,14 +849,18 @@ class Referee:
                        "outputs_in_arena": round(statistics.mean(self._in_arena), 4) if self._in_arena else 0.0,
                        "raw_window_ms": round(statistics.median(self._raw), 4)}
             if metered:
-                energy, more = self._energy(sh, slots, per_batch, cal, p if check else 0.0, read_cap, init, seed0,
-                                            energy_windows, calls)
+                with self._spending("energy_top_up"):
+                    energy, more = self._energy(sh, slots, per_batch, cal, p if check else 0.0, read_cap, init, seed0,
+                                                energy_windows, calls)
                 summary |= energy
                 checked += more
             slots.close()
             self._models_key, self._models = None, None
+        self._spent["other"] = max(0.0, self.clock() - started - sum(
+            v for k, v in self._spent.items() if "." not in k))  # (a dotted phase is part of its parent)
         summary |= {"checked_calls": checked, "check_probability": round(p, 4),
-                    "checked_elements_after_the_first": self.checked_elements}
+                    "checked_elements_after_the_first": self.checked_elements,
+                    "referee_s": {k: round(v, 4) for k, v in sorted(self._spent.items())}}
         return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "stage_ms": staged,
                          "calls_per_batch": per_batch, "fixed_ms": max(own_fixed, 0.0)}
 
@@ -878,9 +904,10 @@ class Referee:
         read outside it. Returns (ms per call, our read's ms per call, the calls' secret seeds, the outputs'
         checksums, the secret sample: {slot: copies of its outputs taken right after the window}, the outputs)."""
         seeds = [self.secret.getrandbits(62) for _ in range(k)]
-        for j in range(k):  # into our private copy: the server sees none of it before the clock runs
-            slots.fill(j, make_inputs(self.spec, self.task, slots.shape, seeds[j]))
-        self.sync()
+        with self._spending("batch.draw_inputs"):
+            for j in range(k):  # into our private copy: the server sees none of it before the clock runs
+                slots.fill(j, make_inputs(self.spec, self.task, slots.shape, seeds[j]))
+            self.sync()
         mj0 = self._millijoules() if energy is not None else None
         t0 = self.clock()
         staged = self._stage(slots, k)
@@ -890,6 +917,7 @@ class Referee:
         outs = _outputs(slots, self.arena, answer, Stage.TIMING, k)
         sums = _checksums(outs)  # every byte read by us before the clock stops
         t1 = self.clock()
+        self._spent["batch.windows"] += t1 - t0
         if energy is not None:
             energy.append((self._millijoules() - mj0, t1 - t0))
         # Picked after the fact, in secret, and copied at once: these copies are what the checks judge.
@@ -898,6 +926,7 @@ class Referee:
         t2 = self.clock()
         again = _checksums(outs)  # our read alone: what is taken off the window
         read_ms = max(0.0, (self.clock() - t2) * 1e3 - cal["tiny_read_ms"])
+        self._spent["batch.after_window"] += self.clock() - t1
         if again != sums:
             raise Rejected(Verdict.DEFERRED_WORK, Stage.TIMING, f"outputs of timed calls at shape "
                            f"{slots.shape['name']} changed after the kernel server answered: work still running "
@@ -938,8 +967,10 @@ class Referee:
         shape = sh["shape"]
         for j, copies in sample.items():
             where = f"in a timed call at shape {shape['name']} ({_sizes_text(shape['sizes'])})"
-            args = make_inputs(self.spec, self.task, shape, seeds[j])
-            if changed := slots.mutated(j, args):
+            with self._spending("checks.draw_inputs"):
+                args = make_inputs(self.spec, self.task, shape, seeds[j])
+                changed = slots.mutated(j, args)
+            if changed:
                 raise Rejected(Verdict.INPUT_MUTATED, Stage.TIMING, f"forward modified input(s) {changed} in place "
                                f"{where}")
             elements = None if self._whole_check_due else self.checked_elements
