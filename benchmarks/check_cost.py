@@ -1,17 +1,16 @@
 #!/usr/bin/env python3
-"""What judging the checked timed calls costs: a shape's later checked calls judged whole, element by element (as
-before 2026-12-06), against the same calls judged whole in a few passes and at the referee's secret sample of
-elements.
+"""What judging the checked timed calls costs, three ways: every checked call judged whole ("whole"), the later
+ones at the referee's secret sample of elements and then in norm by torch ops ("sampled", about 20 passes over a
+float64 copy), and the same with large outputs judged in one fused Triton pass ("sampled+fused", the default).
 
     python3 benchmarks/check_cost.py [--tasks rmsnorm] [--candidate-dir benchmarks/baselines] [--repeats 2]
                                      [--device auto] [--mode full|small] [--timing-budget 1.0]
                                      [--sizes batch_size=2048] [--candidate NAME]
 
 Each task's candidate (its bundled baseline) is evaluated --repeats times each way through the real jailed
-pipeline, alternating. "whole" sets the sample larger than any output, so every checked call is judged element by
-element, as the gate did before. Reported per way: the referee's correctness and timing stages (the device is held
-for both), the checked calls of the main shape and the main shape's median, so that the timing itself can be seen
-unchanged.
+pipeline, alternating. Reported per way: the referee's correctness and timing stages (the device is held for both),
+the checked calls of the main shape and the main shape's median, so that the timing itself can be seen unchanged;
+then where the main shape's timing stage went, seconds per phase (the referee's `referee_s`).
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ from appliance.tasks import load_task  # noqa: E402
 from sandbox.harness.referee import CHECKED_ELEMENTS  # noqa: E402
 from sandbox.jail import Jail  # noqa: E402
 
-WAYS = {"whole": 1 << 62, "sampled": CHECKED_ELEMENTS}
+# (checked elements after each shape's first, large outputs judged in one fused pass on the GPU)
+WAYS = {"whole": (1 << 62, True), "sampled": (CHECKED_ELEMENTS, False), "sampled+fused": (CHECKED_ELEMENTS, True)}
 
 
 def main() -> int:
@@ -45,8 +45,8 @@ def main() -> int:
                                                           "(default: the task's)")
     args = parser.parse_args()
     device = resolve_device(args.device)
-    print(f"\nJudging checked timed calls on {device}: whole vs sampled ({CHECKED_ELEMENTS} elements after each "
-          "shape's first)\n\n| task | way | repeats | verdict | correctness s | timing s | checked calls (main) | "
+    print(f"\nJudging checked timed calls on {device}: whole, sampled ({CHECKED_ELEMENTS} elements after each "
+          "shape's first), sampled with the fused pass\n\n| task | way | repeats | verdict | correctness s | timing s | checked calls (main) | "
           "main median ms |\n|---|---|---|---|---|---|---|---|", flush=True)
     for name in args.tasks.split(","):
         task = load_task(REPO / "benchmarks" / "tasks" / f"{name}.py")
@@ -54,10 +54,11 @@ def main() -> int:
         stages: dict[str, list] = {way: [] for way in WAYS}
         phases: dict[str, list[dict]] = {way: [] for way in WAYS}  # the main shape's timing stage, per phase
         for _ in range(args.repeats):
-            for way, elements in WAYS.items():  # alternating: drift falls on both alike
-                pipeline = Pipeline(Jail(gpu=0 if device == "cuda" else None), EvalSettings(device=device, mode=args.mode, baselines=("eager",),
-                                                         timing_budget_s=args.timing_budget, reuse_inputs=True,
-                                                         checked_elements=elements))
+            for way, (elements, fused) in WAYS.items():  # alternating: drift falls on all alike
+                settings = EvalSettings(device=device, mode=args.mode, baselines=("eager",),
+                                        timing_budget_s=args.timing_budget, reuse_inputs=True,
+                                        checked_elements=elements, fused_compare=fused)
+                pipeline = Pipeline(Jail(gpu=0 if device == "cuda" else None), settings)
                 try:
                     outcome = pipeline.evaluate(task, args.candidate_dir / f"{args.candidate or name}.py")
                 finally:

@@ -42,9 +42,11 @@ case "$1" in
        --max-wall 165 --in-flight 4 --out /dev/shm/compile-suite 2>$OUT/compile_suite.err | tail -4 ;;
   # Next (not yet run): the energy read around the timed batches (no extra checked batches) on rmsnorm: device time
   # per evaluation and evaluations per GPU-hour, then the GPU tests it touches
-  n) SUITE_IN_FLIGHT=8 SUITE_WALL=150 SUITE_S=230 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite
-     CHECK_COST_S=150 REPEATS=1 CHECK_COST_TASKS=rmsnorm bash benchmarks/referee_gpu.sh check_cost
-     GPU_TESTS="evidence or referee_attacks" TESTS_S=180 bash benchmarks/referee_gpu.sh tests ;;
+  # (fifth session: check_cost now compares the fused comparison pass too, and says where the timing stage goes)
+  n) GPU_TEST_FILES="tests/evaluation/test_compare_kernel.py tests/evaluation/test_gpu.py" TESTS_S=170 \
+       GPU_TESTS="fused_pass or evidence or referee_attacks" bash benchmarks/referee_gpu.sh tests
+     CHECK_COST_S=170 REPEATS=1 CHECK_COST_TASKS=rmsnorm bash benchmarks/referee_gpu.sh check_cost
+     SUITE_IN_FLIGHT=8 SUITE_WALL=150 SUITE_S=230 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
   # 2026-12-06, fifth session: issue 26's path (compile seed, then the tuner; no LLM) on six tasks not yet run that way
   o) source scripts/gpu_env.sh
      timeout 560 python3 benchmarks/optimize_suite.py --max-candidates 1000 --max-wall 55 --in-flight 4 --from-compile \

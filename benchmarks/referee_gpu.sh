@@ -22,7 +22,7 @@ PY
   tail -5 "$out/smoke.err"
 fi
 if [[ $parts == *,tests,* ]]; then
-  timeout ${TESTS_S:-420} python3 -m pytest tests/sandbox/test_shared.py tests/evaluation/test_gpu.py -q \
+  timeout ${TESTS_S:-420} python3 -m pytest ${GPU_TEST_FILES:-tests/sandbox/test_shared.py tests/evaluation/test_gpu.py} -q \
     -p no:cacheprovider -k "${GPU_TESTS:-not bundled_baseline_full_size and not cuda_and_cupy and not never_ends}" \
     2>&1 | tail -25
 fi

@@ -75,6 +75,9 @@ class EvalSettings:
     # Elements of each output a sampled timed call is judged at, after each shape's first (judged whole); None: the
     # referee's CHECKED_ELEMENTS. Tests set it small to reach that path at small sizes.
     checked_elements: int | None = None
+    # Large outputs judged in one fused pass on the GPU (sandbox/harness/compare_kernel.py); off only to measure
+    # what it saves (benchmarks/check_cost.py).
+    fused_compare: bool = True
 
 
 class Details(TypedDict, total=False):
@@ -335,7 +338,8 @@ class Pipeline:
                 "shapes": [vars(sh) for sh in task.shapes(mode, secret)],
                 "timing_budget_s": self.settings.timing_budget_s,
                 "tolerances": task.tolerances()} | (
-                    {"checked_elements": self.settings.checked_elements} if self.settings.checked_elements else {})
+                    {"checked_elements": self.settings.checked_elements} if self.settings.checked_elements else {}) | (
+                    {} if self.settings.fused_compare else {"fused_compare": False})
 
     def _key(self, task: Task, device: str, mode: str) -> str:
         return "|".join([str(task.path), hashlib.sha256((task.source + task.manifest_text).encode()).hexdigest(), mode,

@@ -104,6 +104,11 @@ def main(argv: list[str]) -> int:
     prepare_device(spec["device"])
     import torch
 
+    if not spec.get("fused_compare", True):
+        from sandbox.harness import compare
+
+        compare.FUSED_DEVICES.clear()
+
     # The eager reference the precision-tied bound is measured against runs in the task's dtype for real: cuDNN's
     # default TF32 for fp32 convolutions would make its error, and so the bound, a thousand times larger.
     torch.backends.cudnn.allow_tf32 = False
