@@ -261,6 +261,14 @@ def _fused_stats(out, ref, bound) -> dict | None:
     return compare_kernel.output_stats(out, ref, atol=bound.atol, rtol=bound.rtol)
 
 
+def warm_fused(dtypes: set[str], explicit: set[str]) -> None:
+    """Compile the fused pass for outputs of these dtypes ahead (compare_kernel.warm), where it will be used."""
+    if "cuda" in FUSED_DEVICES:
+        from sandbox.harness import compare_kernel
+
+        compare_kernel.warm(dtypes, explicit)
+
+
 def _chunks(out, ref):
     """(start, out chunk, ref chunk) in float64, one chunk at a time (a list would hold the whole output again)."""
     import torch
