@@ -49,10 +49,10 @@ case "$1" in
      SUITE_IN_FLIGHT=8 SUITE_WALL=150 SUITE_S=230 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
   # n in less device time (the fifth session's budget went on refused starts): the fused pass's GPU tests and the
   # referee's attacks, check_cost's three ways once, the tuner on rmsnorm for 100 s
-  p) GPU_TEST_FILES="tests/evaluation/test_compare_kernel.py tests/evaluation/test_gpu.py" TESTS_S=140 \
-       GPU_TESTS="fused_pass or referee_attacks" bash benchmarks/referee_gpu.sh tests
-     CHECK_COST_S=150 REPEATS=1 CHECK_COST_TASKS=rmsnorm bash benchmarks/referee_gpu.sh check_cost
-     SUITE_IN_FLIGHT=8 SUITE_WALL=100 SUITE_S=150 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
+  p) GPU_TEST_FILES="tests/evaluation/test_compare_kernel.py" TESTS_S=80 GPU_TESTS="gpu" \
+       bash benchmarks/referee_gpu.sh tests
+     CHECK_COST_S=150 REPEATS=1 CHECK_COST_TASKS=rmsnorm CHECK_COST_WAYS=sampled,sampled+fused \
+       bash benchmarks/referee_gpu.sh check_cost ;;
   # 2026-12-06, fifth session: issue 26's path (compile seed, then the tuner; no LLM) on six tasks not yet run that way
   o) source scripts/gpu_env.sh
      timeout 560 python3 benchmarks/optimize_suite.py --max-candidates 1000 --max-wall 55 --in-flight 4 --from-compile \

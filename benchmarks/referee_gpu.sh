@@ -32,7 +32,7 @@ if [[ $parts == *,measure,* ]]; then
 fi
 if [[ $parts == *,check_cost,* ]]; then  # the checked timed calls judged whole against sampled (device time)
   timeout ${CHECK_COST_S:-300} python3 benchmarks/check_cost.py --tasks ${CHECK_COST_TASKS:-rmsnorm} \
-    --repeats ${REPEATS:-2} 2>"$out/check_cost.err" | tee "$out/check_cost.md" | tail -6
+    --repeats ${REPEATS:-2} --ways ${CHECK_COST_WAYS:-whole,sampled,sampled+fused} 2>"$out/check_cost.err" | tee "$out/check_cost.md" | tail -6
 fi
 if [[ $parts == *,measure_small,* ]]; then
   timeout ${SMALL_S:-300} python3 benchmarks/measurement.py --tasks rmsnorm --sizes batch_size=2048 --repeats ${REPEATS:-10} --in-flight ${IN_FLIGHT:-3} \
