@@ -246,19 +246,26 @@ class _PrecisionTied:
 def _fused_stats(out, ref, bound) -> dict | None:
     """compare_kernel's one pass over a large floating output on the GPU, under `bound`; None where the torch
     path judges it (the CPU, a small or integer output, anything NaN or inf)."""
-    if not (out.device.type in FUSED_DEVICES and out.device == ref.device and out.is_floating_point()
-            and ref.is_floating_point()):
+    names = {str(t.dtype).removeprefix("torch.") for t in (out, ref, getattr(bound, "eager", out))}
+    if not (out.device.type in FUSED_DEVICES and out.device == ref.device and names <= set(UNIT_ROUNDOFF)):
         return None
     from sandbox.harness import compare_kernel
 
     if out.numel() < compare_kernel.FUSED_MIN_ELEMENTS or tuple(out.shape) != tuple(ref.shape):
         return None
-    if isinstance(bound, _PrecisionTied):
-        return compare_kernel.output_stats(
-            out, ref, bound.eager, u=bound.u, scale_err=bound.scale_err, k=PRECISION_FACTOR,
-            floor=ACCUMULATION_FACTOR * bound.u_acc * bound.scale_ref, round_u=ROUNDING_FACTOR * bound.u,
-            scale_ref=bound.scale_ref)
-    return compare_kernel.output_stats(out, ref, atol=bound.atol, rtol=bound.rtol)
+    try:
+        if isinstance(bound, _PrecisionTied):
+            return compare_kernel.output_stats(
+                out, ref, bound.eager, u=bound.u, scale_err=bound.scale_err, k=PRECISION_FACTOR,
+                floor=ACCUMULATION_FACTOR * bound.u_acc * bound.scale_ref, round_u=ROUNDING_FACTOR * bound.u,
+                scale_ref=bound.scale_ref)
+        return compare_kernel.output_stats(out, ref, atol=bound.atol, rtol=bound.rtol)
+    except Exception as exc:  # noqa: BLE001 - a kernel that cannot be built here: the torch path judges alike
+        from sandbox.harness.task_code import device_out_of_memory
+
+        if device_out_of_memory(exc) is not None:  # (the device full beside other evaluations: run again alone)
+            raise
+        return None
 
 
 def warm_fused(dtypes: set[str], explicit: set[str]) -> None:
