@@ -14,7 +14,6 @@ import triton
 import triton.language as tl
 
 BLOCK = 2048
-FUSED_MIN_ELEMENTS = 1 << 20  # below this the torch path costs little and compiles nothing
 STATS = ("nonfinite", "err_sq", "err_max", "ref_sq", "ref_max", "excess_sq", "excess_max", "over", "margin")
 
 
@@ -58,8 +57,10 @@ def output_stats(out, ref, eager=None, *, u: float = 0.0, scale_err: float = 0.0
     under atol + rtol * |r|. None where anything is NaN or inf, or a sum overflowed: the torch path judges it."""
     import torch
 
-    o, r = out.reshape(-1), ref.reshape(-1)
-    e = eager.reshape(-1) if eager is not None else r
+    # The kernel reads flat memory from each tensor's start: a strided or broadcast view (the task's Model may return
+    # one as its reference) is copied first, or it would read other memory (an attacker review's finding).
+    o, r = out.contiguous().reshape(-1), ref.contiguous().reshape(-1)
+    e = eager.contiguous().reshape(-1) if eager is not None else r
     n = r.numel()
     blocks = triton.cdiv(n, BLOCK)
     parts = torch.empty((blocks, 9), dtype=torch.float64, device=r.device)

@@ -24,20 +24,35 @@ CASES = {
     "stale": "torch.roll(e, 1, 0)",
     "nan": "torch.where(torch.arange(e.numel()).reshape(e.shape) == 5, float('nan'), e)",
     "bf16": "e.bfloat16()",
+    # The task's Model may return a view as its reference (an attacker review's finding: the kernel read the
+    # memory under a strided or broadcast reference, so a candidate returning that memory passed).
+    "strided_ref": ("e2.contiguous()", "torch.softmax(x2.double(), -1)[:, ::2]", "torch.softmax(x2, -1)[:, ::2]"),
+    "strided_ref_cheat": ("torch.softmax(x2, -1).reshape(-1)[:e2.numel()].reshape(e2.shape)",
+                          "torch.softmax(x2.double(), -1)[:, ::2]", "torch.softmax(x2, -1)[:, ::2]"),
+    "broadcast_ref": ("e2.contiguous()", "x.double().mean().expand(rows, 1000)", "x.mean().expand(rows, 1000)"),
+    "broadcast_ref_cheat": ("x.double().mean().reshape(1).expand(rows * 1000).clone().reshape(rows, 1000).float() "
+                            "+ torch.arange(rows * 1000).reshape(rows, 1000) * 1e-3",
+                            "x.double().mean().expand(rows, 1000)", "x.mean().expand(rows, 1000)"),
 }
 
 SCRIPT = r"""
 import json, sys, torch
 from sandbox.harness import compare, compare_kernel
-compare_kernel.FUSED_MIN_ELEMENTS = 1
+compare.FUSED_MIN_ELEMENTS = 1
 device, cases, explicit = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
 g = torch.Generator().manual_seed(0)
 rows = 16 if device == "cpu" else 8192
 x = torch.randn(rows, 1000, generator=g).to(device)
-r, e = torch.softmax(x.double(), -1), torch.softmax(x, -1)
+x2 = torch.randn(rows, 2000, generator=g).to(device)
 result = {}
 for name, expr in cases.items():
-    c = eval(expr)
+    r, e = torch.softmax(x.double(), -1), torch.softmax(x, -1)
+    if isinstance(expr, list):  # (candidate, reference, eager): a reference that is a view
+        r, e2 = eval(expr[1]), eval(expr[2])
+        e = e2
+        c = eval(expr[0])
+    else:
+        c = eval(expr)
     dtype = str(c.dtype).removeprefix("torch.")
     eager = e.to(c.dtype)
     tol = {dtype: {"atol": 1e-6, "rtol": 1e-3}} if explicit else {}
@@ -89,6 +104,9 @@ def _same_verdicts(result: dict, explicit: bool) -> None:
     for wrong in ("scaled", "few_off", "stale"):
         assert result[wrong]["torch"]["per_element"] == "wrong_output", wrong
     assert result["nan"]["torch"]["per_element"] == "nan_inf"
+    for view in ("strided_ref", "broadcast_ref"):
+        assert result[view]["torch"]["per_element"] is None and result[view]["torch"]["in_norm"] is None, view
+        assert result[view + "_cheat"]["torch"]["per_element"] == "wrong_output", view
     if not explicit:
         assert result["stale"]["torch"]["in_norm"] == "wrong_output"
 
