@@ -53,6 +53,9 @@ case "$1" in
        bash benchmarks/referee_gpu.sh tests
      CHECK_COST_S=150 REPEATS=1 CHECK_COST_TASKS=rmsnorm CHECK_COST_WAYS=sampled,sampled+fused \
        bash benchmarks/referee_gpu.sh check_cost ;;
+  # p, then the tuner on rmsnorm for 100 s (evaluations per GPU-hour with the fused pass)
+  q) bash benchmarks/gpu_session.sh p
+     SUITE_IN_FLIGHT=8 SUITE_WALL=100 SUITE_S=150 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
   # 2026-12-06, fifth session: issue 26's path (compile seed, then the tuner; no LLM) on six tasks not yet run that way
   o) source scripts/gpu_env.sh
      timeout 560 python3 benchmarks/optimize_suite.py --max-candidates 1000 --max-wall 55 --in-flight 4 --from-compile \
