@@ -83,3 +83,9 @@ def test_stale_answers_after_the_first_timed_calls_are_caught_by_the_sampled_che
     assert outcome.verdict == "pass", outcome.reason
     main = next(t for t in outcome.timings if t["shape"] == "main" and t["implementation"] == "candidate")
     assert main["checked_calls"] > 1 and main["checked_elements_after_the_first"] == 16
+    # Where the timing stage went (evidence): every phase, the checks' parts within the checks
+    spent = main["referee_s"]
+    assert {"batches", "checks", "calibrate", "estimate", "first_call", "batch.windows", "checks.forwards",
+            "checks.compare", "checks.draw_inputs"} <= set(spent), spent
+    assert spent["checks.forwards"] + spent["checks.compare"] + spent["checks.draw_inputs"] <= spent["checks"] + 1e-3
+    assert spent["batch.windows"] > 0 and spent["checks"] > 0
