@@ -17,7 +17,7 @@ BLOCK = 2048
 STATS = ("nonfinite", "err_sq", "err_max", "ref_sq", "ref_max", "excess_sq", "excess_max", "over", "margin")
 
 
-@triton.jit(do_not_specialize=["n"])  # one compile whatever the size (warm: done before any device turn)
+@triton.jit(do_not_specialize=["n"])  # one compile whatever the size (below 2^31 elements)
 def _stats_kernel(o_ptr, r_ptr, e_ptr, part_ptr, n, u, scale_err, floor, round_u, scale_ref, atol, rtol, k,
                   PRECISION_TIED: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
@@ -81,7 +81,8 @@ def _finite(x: float) -> bool:
 
 def warm(dtypes: set[str], explicit: set[str]) -> None:
     """Compile the kernel for outputs of these dtypes (precision-tied; `explicit`: under a manifest's tolerance
-    too) on a one-element output, so that no compile falls in a device turn of the referee's."""
+    too) on a one-element output: the referee does it at its first device turn, so that no compile falls in its
+    correctness or timing stage."""
     import torch
 
     r = torch.zeros(1, dtype=torch.float64, device="cuda")
