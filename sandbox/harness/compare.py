@@ -272,9 +272,12 @@ def _fused_stats(out, ref, bound) -> dict | None:
 def warm_fused(dtypes: set[str], explicit: set[str]) -> None:
     """Compile the fused pass for outputs of these dtypes ahead (compare_kernel.warm), where it will be used."""
     if "cuda" in FUSED_DEVICES:
-        from sandbox.harness import compare_kernel
+        try:
+            from sandbox.harness import compare_kernel
 
-        compare_kernel.warm(dtypes, explicit)
+            compare_kernel.warm(dtypes, explicit)
+        except Exception:  # noqa: BLE001 - it cannot be built here: the torch passes judge every output, as before
+            FUSED_DEVICES.discard("cuda")
 
 
 def _chunks(out, ref):
