@@ -74,7 +74,7 @@ def main() -> int:
                              and t.get("implementation") == "candidate"), {})
                 stages[way].append((outcome.verdict, referee.get("correctness"), referee.get("timing"),
                                     main.get("checked_calls"), main.get("median_ms")))
-                phases[way].append(main.get("referee_s") or {})
+                phases[way].append((main.get("referee_s") or {}) | {"fused": main.get("fused_compare", 0)})
         for way, rows in stages.items():
             def med(i):
                 values = [r[i] for r in rows if isinstance(r[i], (int, float))]

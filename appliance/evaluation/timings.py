@@ -12,7 +12,7 @@ from appliance.tasks import Task
 TIMING_EVIDENCE = ("batches", "calls_per_batch", "tiny_ms", "read_ms", "stage_ms", "checked_calls",
                    "check_probability", "checked_elements_after_the_first", "outputs_in_arena", "raw_window_ms",
                    "energy_j_per_call", "avg_power_w", "fixed_ms", "own_fixed_ms", "fixed_cap_ms", "small_batch_ms",
-                   "large_batch_ms")
+                   "large_batch_ms", "fused_compare")
 
 
 def timing_rows(task: Task, prepared: dict, candidate: dict, device: str, ceilings: dict | None) -> list[dict]:

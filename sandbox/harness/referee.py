@@ -870,7 +870,8 @@ class Referee:
             v for k, v in self._spent.items() if "." not in k))  # (a dotted phase is part of its parent)
         summary |= {"checked_calls": checked, "check_probability": round(p, 4),
                     "checked_elements_after_the_first": self.checked_elements,
-                    "referee_s": {k: round(v, 4) for k, v in sorted(self._spent.items())}}
+                    "referee_s": {k: round(v, 4) for k, v in sorted(self._spent.items())},
+                    "fused_compare": int(self.device in _compare_devices())}
         return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "stage_ms": staged,
                          "calls_per_batch": per_batch, "fixed_ms": max(own_fixed, 0.0)}
 
@@ -1056,6 +1057,13 @@ def _reset_persisting_l2() -> None:
     except ImportError:
         return
     runtime.cudaCtxResetPersistingL2Cache()
+
+
+def _compare_devices() -> set[str]:
+    """Where large outputs are judged in one fused pass (evidence: off where its kernel could not be built)."""
+    from sandbox.harness.compare import FUSED_DEVICES
+
+    return FUSED_DEVICES
 
 
 def spec_seed(spec: dict) -> int:

@@ -89,3 +89,4 @@ def test_stale_answers_after_the_first_timed_calls_are_caught_by_the_sampled_che
             "checks.compare", "checks.draw_inputs"} <= set(spent), spent
     assert spent["checks.forwards"] + spent["checks.compare"] + spent["checks.draw_inputs"] <= spent["checks"] + 1e-3
     assert spent["batch.windows"] > 0 and spent["checks"] > 0
+    assert main["fused_compare"] == 0  # (the CPU: torch's passes)
