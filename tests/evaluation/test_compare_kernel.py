@@ -20,9 +20,9 @@ CASES = {
     "honest": "e.clone()",  # eager itself: within any bound
     "another_order": "(x.double().exp() / x.double().exp().sum(-1, keepdim=True)).float()",
     "scaled": "e * 1.002",  # a systematic 0.2% error: far over a softmax's fp32 bound
-    "few_off": "torch.where(torch.arange(e.numel()).reshape(e.shape) % 997 == 0, e + 0.01, e)",
+    "few_off": "torch.where(torch.arange(e.numel(), device=e.device).reshape(e.shape) % 997 == 0, e + 0.01, e)",
     "stale": "torch.roll(e, 1, 0)",
-    "nan": "torch.where(torch.arange(e.numel()).reshape(e.shape) == 5, float('nan'), e)",
+    "nan": "torch.where(torch.arange(e.numel(), device=e.device).reshape(e.shape) == 5, float('nan'), e)",
     "bf16": "e.bfloat16()",
     # The task's Model may return a view as its reference (an attacker review's finding: the kernel read the
     # memory under a strided or broadcast reference, so a candidate returning that memory passed).
@@ -31,7 +31,7 @@ CASES = {
                           "torch.softmax(x2.double(), -1)[:, ::2]", "torch.softmax(x2, -1)[:, ::2]"),
     "broadcast_ref": ("e2.contiguous()", "x.double().mean().expand(rows, 1000)", "x.mean().expand(rows, 1000)"),
     "broadcast_ref_cheat": ("x.double().mean().reshape(1).expand(rows * 1000).clone().reshape(rows, 1000).float() "
-                            "+ torch.arange(rows * 1000).reshape(rows, 1000) * 1e-3",
+                            "+ torch.arange(rows * 1000, device=x.device).reshape(rows, 1000) * 1e-3",
                             "x.double().mean().expand(rows, 1000)", "x.mean().expand(rows, 1000)"),
 }
 
@@ -91,8 +91,9 @@ def _same_verdicts(result: dict, explicit: bool) -> None:
         fused, torch_ = both["fused"], both["torch"]
         assert fused["per_element"] == torch_["per_element"], name
         assert fused["in_norm"] == torch_["in_norm"], name
-        if torch_["margin"] is not None:
-            assert fused["margin"] == pytest.approx(torch_["margin"], rel=1e-9), name
+        if torch_["margin"] is not None:  # (on a GPU the kernel's fused multiply-adds round eager's excess error,
+            # a difference of nearly equal numbers, a little differently: 2e-8 of it seen on an H100)
+            assert fused["margin"] == pytest.approx(torch_["margin"], rel=1e-6), name
         if name == "nan":
             assert both["stats"] is None  # the torch path judges anything non-finite
             continue
