@@ -56,6 +56,10 @@ case "$1" in
   # p, then the tuner on rmsnorm for 100 s (evaluations per GPU-hour with the fused pass)
   q) bash benchmarks/gpu_session.sh p
      SUITE_IN_FLIGHT=8 SUITE_WALL=100 SUITE_S=150 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite ;;
+  # Next (not yet run): a steady rate with the fused pass (the tuner on rmsnorm for 240 s), then the referee against
+  # do_bench and its CV on rmsnorm and softmax (issue 24's other two targets)
+  r) SUITE_IN_FLIGHT=8 SUITE_WALL=240 SUITE_S=320 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite
+     REPEATS=5 MEASURE_S=250 bash benchmarks/referee_gpu.sh measure ;;
   # 2026-12-06, fifth session: issue 26's path (compile seed, then the tuner; no LLM) on six tasks not yet run that way
   o) source scripts/gpu_env.sh
      timeout 560 python3 benchmarks/optimize_suite.py --max-candidates 1000 --max-wall 55 --in-flight 4 --from-compile \
