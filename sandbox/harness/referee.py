@@ -49,6 +49,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from sandbox import protocol
+from sandbox.harness import compare
+from sandbox.harness.compare import compare_in_norm, compare_outputs, judged_at_a_sample, secret_sample
 from sandbox.harness.common import Stages, as_outputs, device_turn, environment, write_result
 from sandbox.harness.task_code import (TaskFault, build_model, device_out_of_memory, dtype_of, init_inputs, load_task,
                                        make_inputs, set_sizes, task_call)
@@ -105,8 +107,6 @@ def main(argv: list[str]) -> int:
     import torch
 
     if not spec.get("fused_compare", True):
-        from sandbox.harness import compare
-
         compare.FUSED_DEVICES.clear()
 
     # The eager reference the precision-tied bound is measured against runs in the task's dtype for real: cuDNN's
@@ -483,8 +483,6 @@ class Referee:
         shapes, dropped = [], []
         with device_turn(shared=True):  # the reference runs on the device: never beside someone's measurement
             if self.cuda:  # the fused comparison's kernel compiled now, not in the first check (compare_kernel)
-                from sandbox.harness import compare
-
                 floating = {d for d in (spec["dtype"], "float32") if d in compare.UNIT_ROUNDOFF}
                 compare.warm_fused(floating, set(spec["tolerances"]))
             for s in spec["shapes"]:
@@ -695,7 +693,6 @@ class Referee:
         import torch
 
         from sandbox.harness.common import cast_floating
-        from sandbox.harness.compare import compare_in_norm, compare_outputs, judged_at_a_sample, secret_sample
 
         key = (sh["shape"]["name"], seed)
         eager_model, model = self._models if self._models_key == key else (None, None)
@@ -871,7 +868,7 @@ class Referee:
         summary |= {"checked_calls": checked, "check_probability": round(p, 4),
                     "checked_elements_after_the_first": self.checked_elements,
                     "referee_s": {k: round(v, 4) for k, v in sorted(self._spent.items())},
-                    "fused_compare": int(self.device in _compare_devices())}
+                    "fused_compare": int(self.device in compare.FUSED_DEVICES)}
         return summary, {"tiny_ms": cal["tiny_ms"], "read_ms": statistics.median(reads), "stage_ms": staged,
                          "calls_per_batch": per_batch, "fixed_ms": max(own_fixed, 0.0)}
 
@@ -1057,13 +1054,6 @@ def _reset_persisting_l2() -> None:
     except ImportError:
         return
     runtime.cudaCtxResetPersistingL2Cache()
-
-
-def _compare_devices() -> set[str]:
-    """Where large outputs are judged in one fused pass (evidence: off where its kernel could not be built)."""
-    from sandbox.harness.compare import FUSED_DEVICES
-
-    return FUSED_DEVICES
 
 
 def spec_seed(spec: dict) -> int:
