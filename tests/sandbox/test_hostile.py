@@ -2,8 +2,10 @@
 cgroups, Triton's interpreter on the CPU.
 
 Each test checks three things: the verdict and a reason that says what happened; that the damage did not happen,
-looked at from outside the jail; and that the worker survives (an honest candidate still passes afterwards, in the
-same test where the hostile one went after shared resources, and once more at the end of the module).
+looked at from outside the jail; and that the worker survives. An honest candidate passes again at the end of the
+module, and right after the attack in the tests whose damage would outlast the evaluation unseen: the host's disk,
+the jail uid's process count (RLIMIT_NPROC), the CPU-time limit. (The others assert the damage did not happen, no
+process left and nothing received, and an honest evaluation each cost the suite about 8 CPU-seconds.)
 Fixtures that need host values (a port, a path, a marker) carry "__KEY__" string literals that `hostile()` fills in.
 """
 
@@ -138,7 +140,6 @@ def test_network_is_refused_and_nothing_reaches_the_host(appliance, softmax_task
     for attempt in ("'tcp4': 'EPERM'", "'tcp6': 'EPERM'", "'udp4': 'EPERM'", "'netlink': 'EPERM'"):
         assert attempt in reason, reason
     assert received == []
-    honest_still_passes(appliance, softmax_task)
 
 
 # --- secrets and files outside the job --------------------------------------------------------------------------------
@@ -238,7 +239,6 @@ def test_fork_bomb_hits_the_process_limit_and_leaves_no_process(appliance, softm
     assert (result["verdict"], result["stage"]) == ("process_limit", "correctness"), result["reason"]
     assert "limit of 64 processes/threads" in result["reason"] and "forks refused" in result["reason"]
     assert processes_with(marker) == []
-    honest_still_passes(appliance, softmax_task)
 
 
 def test_memory_bomb_hits_the_memory_limit(appliance, softmax_task):
@@ -246,17 +246,13 @@ def test_memory_bomb_hits_the_memory_limit(appliance, softmax_task):
     assert code == 1
     assert (result["verdict"], result["stage"]) == ("memory_limit", "correctness"), result["reason"]
     assert "memory limit of 1.5 GiB" in result["reason"] and "killed" in result["reason"]
-    honest_still_passes(appliance, softmax_task)
 
 
-def test_cpu_spin_times_out_on_the_wall_clock(appliance, softmax_task):
-    # (10 s: the limit counts from the process's start, and on a loaded 2-core host its imports took 6 s.)
-    code, result = appliance.eval_json(softmax_task, HOSTILE / "spin.py", "--timeout", "10")
-    assert code == 1
-    assert (result["verdict"], result["stage"]) == ("timeout", "correctness"), result["reason"]
-    assert "did not finish within 10 s" in result["reason"]
-    assert 10 <= result["wall_s"]["candidate"] < 20  # killed at the limit, not whenever it pleased
-    honest_still_passes(appliance, softmax_task)
+# The wall-clock limit counts from the jailed process's start. On a loaded 2-core CI host its imports and the
+# candidate's load took over 10 s once (the verdict then came at "load", before the hostile forward ever ran), so
+# the test gives it 20 s: long enough to reach the forward, short enough to prove the kill. (A candidate that burns
+# CPU instead of sleeping is killed the same way; burns_cpu.py's test covers burning, against the CPU-time limit.)
+HOSTILE_TIMEOUT_S = 20
 
 
 def test_setsid_grandchildren_do_not_outlive_the_evaluation(appliance, softmax_task, tmp_path):
@@ -266,19 +262,18 @@ def test_setsid_grandchildren_do_not_outlive_the_evaluation(appliance, softmax_t
     # Starting helpers is not itself a violation: the answer is right, and the jail ends them all.
     assert (code, result["verdict"]) == (0, "pass"), result["reason"]
     assert processes_with(f"31337.{digits}") == []
-    honest_still_passes(appliance, softmax_task)
 
 
 def test_ignored_sigterm_does_not_outlast_the_timeout(appliance, softmax_task, tmp_path):
     marker = f"hostile-stubborn-{unique_digits()}"
     code, result = appliance.eval_json(softmax_task, hostile("ignores_sigterm", tmp_path, marker=marker),
-                                       "--timeout", "10")
+                                       "--timeout", str(HOSTILE_TIMEOUT_S))
     assert code == 1
     assert (result["verdict"], result["stage"]) == ("timeout", "correctness"), result["reason"]
-    assert "did not finish within 10 s" in result["reason"] and "killed" in result["reason"]
-    assert result["wall_s"]["candidate"] < 20
+    assert f"did not finish within {HOSTILE_TIMEOUT_S} s" in result["reason"] and "killed" in result["reason"]
+    # killed at the limit, not whenever it pleased
+    assert HOSTILE_TIMEOUT_S <= result["wall_s"]["candidate"] < HOSTILE_TIMEOUT_S + 10
     assert processes_with(marker) == []
-    honest_still_passes(appliance, softmax_task)
 
 
 # --- verdicts from the harness and the kernel -------------------------------------------------------------------------
@@ -365,13 +360,6 @@ def test_symlinked_result_file_is_not_read_on_the_host(appliance, softmax_task, 
     code, result = appliance.eval_json(softmax_task, hostile("symlink_result", tmp_path, target=str(host_file)))
     assert token not in json.dumps(result), result["reason"]
     assert code == 1 and result["verdict"] in ("crashed", "sandbox_violation", "runtime_error"), result
-
-
-# --- and after all of them --------------------------------------------------------------------------------------------
-
-
-def test_honest_candidate_still_passes_after_the_hostile_ones(appliance, softmax_task):
-    honest_still_passes(appliance, softmax_task)
 
 
 # --- the host's files and every limit (issue 23) ----------------------------------------------------------------------
@@ -507,4 +495,10 @@ def test_a_result_record_nested_too_deep_is_a_verdict_not_a_controller_crash(app
     code, result = appliance.eval_json(softmax_task, HOSTILE / "result_json_bomb.py")
     # No record of the candidate's is read any more (the referee writes the record); whatever it writes, it fails.
     assert code == 1 and result["verdict"] in ("crashed", "tampering", "runtime_error"), result
+
+
+# --- and after all of them (last in the file: pytest runs a module's tests in order, on one worker) --------------------
+
+
+def test_honest_candidate_still_passes_after_the_hostile_ones(appliance, softmax_task):
     honest_still_passes(appliance, softmax_task)
