@@ -38,6 +38,14 @@ def home(tmp_path, monkeypatch) -> Path:
     return tmp_path / "home"
 
 
+def pytest_configure(config):
+    # As the referee and the kernel server do (sandbox/harness/common.py): torch's CPU maths settled on one thread
+    # before any test runs it on several (an honest softmax failed once without it, pytorch/pytorch#188792).
+    from sandbox.harness.common import settle_cpu_math
+
+    settle_cpu_math()
+
+
 class Appliance:
     """Runs the real CLI in-process; the evaluation itself happens in jailed subprocesses."""
 

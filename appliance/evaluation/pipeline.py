@@ -723,46 +723,6 @@ class Pipeline:
         anyway (0 where there is no budget: nothing to wait for, as before there was one)."""
         return self.gate.memory_bytes or 0
 
-    def _harness(self, args: list[str], spec: dict, *, workdir: Path, timeout: float, task: Task, wall: dict,
-                 turns: list[dict], ro=(), rw=(), exclusive: bool = False, resident_bytes: int = 0) -> dict:
-        """Run a trusted reference-harness command; a failure here is the task's fault or ours, never the candidate's."""
-        result_path = workdir / f"{args[0]}-result.json"
-        spec_path = workdir / f"{args[0]}-spec.json"
-        spec_path.write_text(json.dumps(spec | {"result": str(result_path)}))
-
-        def once(resident: int | None) -> tuple[JailResult, dict | None]:
-            result_path.unlink(missing_ok=True)
-            run = self.jail.run([_python(), "-m", "sandbox.harness.reference", *args, str(spec_path)],
-                                workdir=workdir, ro=list(ro), rw=list(rw), timeout_s=timeout, gate=self.gate,
-                                exclusive=exclusive, resident_bytes=resident)
-            wall[args[0]] = round(wall.get(args[0], 0.0) + run.wall_s, 2)
-            turns.append((run.turns or {}) | {"paused_s": run.paused_s})
-            return run, read_result(result_path)
-
-        run, result = once(resident_bytes)
-        # Out of device memory beside other evaluations (their estimates are estimates): once more, alone, as a
-        # candidate would be. A trusted process must not end the run for what its neighbours held.
-        if result and result.get("status") == "out_of_memory" and (run.turns or {}).get("neighbours"):
-            run, result = once(None)
-        if result and result.get("status") == "out_of_memory":
-            raise TaskError(str(task.path), f"the reference ({args[0]}) ran out of device memory with the device to "
-                                            f"itself: {str(result.get('message'))[:600]}. {TOO_BIG_HINT}")
-        if run.timed_out:
-            raise TaskError(str(task.path), f"the reference ({args[0]}) did not finish within {timeout:.0f} s")
-        for event, limit, setting in (("disk_limit", "disk_bytes", "APPLIANCE_JAIL_DISK_GIB"),
-                                      ("oom_kill", "memory_bytes", "APPLIANCE_JAIL_MEMORY_GIB")):
-            if run.limit_events.get(event):
-                raise TaskError(str(task.path), f"the reference ({args[0]}) needs more than the jail's "
-                                                f"{run.limits.get(limit, 0) / 2**30:.3g} GiB ({event}): raise "
-                                                f"{setting} (or eval's --{'disk' if event == 'disk_limit' else 'memory'}"
-                                                "-limit)")
-        if result is None or run.returncode != 0:
-            raise InfrastructureError(
-                f"reference harness ({args[0]}) failed with exit code {run.returncode}: {run.stderr[-3000:]}")
-        if result["status"] == "task_error":
-            raise TaskError(str(task.path), result["reason"], result.get("line"))
-        return result
-
 
 def evaluate_sent(pipeline: Pipeline, tasks: RebuiltTasks, files: dict, source: str, display_path: str,
                   job_root: Path, tag: str | None = None, asked_at: float | None = None) -> Outcome:

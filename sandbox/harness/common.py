@@ -25,6 +25,26 @@ def prepare_device(device: str) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+# ATen's float unary ops that oneMKL's vector maths (VML) computes on the CPU.
+_VML_OPS = ("exp", "expm1", "log", "log10", "log1p", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "asin", "acos",
+            "atan", "sinh", "cosh", "tanh", "erf", "erfc", "erfinv", "trunc")
+
+
+def settle_cpu_math() -> None:
+    """Call each VML op once per float dtype on one element, right after `import torch`, before anything runs on
+    several threads. oneMKL 2024.2 (in torch's CPU wheels) picks each VML function's kernel at its first call, and a
+    first call split over intra-op threads can compute one thread's whole share with the low-accuracy kernel (about
+    1.5e-4 relative for exp) although torch asks for high accuracy (pytorch/pytorch#188792). In a referee that would
+    make the eager Model look less accurate than it is, and so loosen the precision-tied bound; in a kernel server,
+    fail an honest candidate. One element runs on one thread. (Seen here once: an honest softmax in our tests.)"""
+    import torch
+
+    for dtype in (torch.float32, torch.float64):
+        one = torch.full((1,), 0.5, dtype=dtype)
+        for name in _VML_OPS:
+            getattr(torch, name)(one)
+
+
 
 
 def _take(kind: bytes) -> None:

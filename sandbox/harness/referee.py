@@ -101,11 +101,12 @@ class Rejected(Exception):
 
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
-    from sandbox.harness.common import prepare_device
+    from sandbox.harness.common import prepare_device, settle_cpu_math
 
     prepare_device(spec["device"])
     import torch
 
+    settle_cpu_math()
     if not spec.get("fused_compare", True):
         compare.FUSED_DEVICES.clear()
 

@@ -18,7 +18,8 @@ import sys
 import traceback
 
 from sandbox import protocol
-from sandbox.harness.common import as_outputs, error_info, is_compile_error, load_module, prepare_device
+from sandbox.harness.common import (as_outputs, error_info, is_compile_error, load_module, prepare_device,
+                                    settle_cpu_math)
 from sandbox.protocol import Stage, Verdict
 
 ENV_FD = "APPLIANCE_REFEREE_FD"
@@ -39,6 +40,8 @@ def main(argv: list[str]) -> int:
     prepare_device(device)
     sock = socket.socket(fileno=int(os.environ.pop(ENV_FD)))
     import torch  # noqa: F401 - before the candidate: its import is the load stage, not ours
+
+    settle_cpu_math()
 
     from sandbox.builds import keep_trusted_pch
     from sandbox.harness.provenance import Launches
