@@ -2,6 +2,7 @@
 #   a: the referee against do_bench (full size, then 10-100 us kernels), matmul_bias_relu's baseline at full size
 #   b: the jailed CUDA build with the real precompiled header, then load_inline builds per hour 8 at once
 #   c: evaluations per GPU-hour: the tuner on rmsnorm (issue 24), a bare file with derived shapes on (issue 25)
+# (later sessions' parts below; the next session's order: r, s, o)
 set -uo pipefail
 export OUT=${OUT:-/tmp/gpu-session}; mkdir -p $OUT
 case "$1" in
@@ -60,6 +61,10 @@ case "$1" in
   # do_bench and its CV on rmsnorm and softmax (issue 24's other two targets)
   r) SUITE_IN_FLIGHT=8 SUITE_WALL=240 SUITE_S=320 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite
      REPEATS=5 MEASURE_S=250 bash benchmarks/referee_gpu.sh measure ;;
+  # Next (written 2026-12-07, sixth session, which had no device time): the GPU tests on the fused pass and the
+  # settled CPU maths (tests/evaluation/test_gpu.py was last run whole at f992f73), plus the fused pass's own
+  s) GPU_TEST_FILES="tests/sandbox/test_shared.py tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" \
+       TESTS_S=540 bash benchmarks/referee_gpu.sh tests ;;
   # 2026-12-06, fifth session: issue 26's path (compile seed, then the tuner; no LLM) on six tasks not yet run that way
   o) source scripts/gpu_env.sh
      timeout 560 python3 benchmarks/optimize_suite.py --max-candidates 1000 --max-wall 55 --in-flight 4 --from-compile \
