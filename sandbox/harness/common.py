@@ -45,8 +45,6 @@ def settle_cpu_math() -> None:
             getattr(torch, name)(one)
 
 
-
-
 def _take(kind: bytes) -> None:
     request, grant = _TURN_FDS
     os.write(request, kind)
