@@ -61,6 +61,10 @@ case "$1" in
   # do_bench and its CV on rmsnorm and softmax (issue 24's other two targets)
   r) SUITE_IN_FLIGHT=8 SUITE_WALL=240 SUITE_S=320 SUITE_NAIVE=" " bash benchmarks/referee_gpu.sh suite
      REPEATS=5 MEASURE_S=250 bash benchmarks/referee_gpu.sh measure ;;
+  # 2026-12-07, seventh session: r with the naive harness beside (inputs drawn on the device), in one call
+  t) SUITE_IN_FLIGHT=8 SUITE_WALL=200 SUITE_S=300 SUITE_NAIVE="--compare-naive --naive-max 5 --naive-inputs device" \
+       bash benchmarks/referee_gpu.sh suite
+     REPEATS=5 MEASURE_S=265 bash benchmarks/referee_gpu.sh measure ;;
   # Next (written 2026-12-07, sixth session, which had no device time): the GPU tests on the fused pass and the
   # settled CPU maths (tests/evaluation/test_gpu.py was last run whole at f992f73), plus the fused pass's own
   s) GPU_TEST_FILES="tests/sandbox/test_shared.py tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" \
