@@ -1,5 +1,6 @@
-"""The loop when workers fail (not candidates), and budgets changed while a run goes on. Real jail, real SQLite,
-real Triton kernels under the interpreter; the failing worker is a real pipeline whose host 'breaks' on cue."""
+"""The loop when workers fail (not candidates), and budgets changed while a run goes on. Real SQLite; where the loop
+is under test, verdicts are replayed (appliance/evaluation/replay.py: no jail, no kernel) and the failing worker is a
+replaying one whose host 'breaks' on cue. The compile-only check's tests run the real jailed check."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 
 from appliance.db import Store
 from appliance.errors import InfrastructureError
-from appliance.evaluation.pipeline import EvalSettings, Pipeline
+from appliance.evaluation.pipeline import EvalSettings, Outcome, Pipeline
+from appliance.evaluation.replay import ReplayEvaluator
 from appliance.search.loop import OptimizeConfig, Optimizer, config_dict
 from appliance.tasks import load_task
 from sandbox.jail import Jail
@@ -18,11 +20,19 @@ from tests.conftest import REPO
 SOFTMAX = REPO / "benchmarks/tasks/softmax.py"
 
 
-class BreakingPipeline(Pipeline):
-    """A real pipeline on a host that fails (as a lost worker does) for the candidates listed, `times` each."""
+def passes(source: str) -> Outcome:
+    """The replayed verdict of every candidate here: it passes, as a CPU evaluation does (one timed shape)."""
+    return Outcome(verdict="pass", stage="done", reason="", jailed=True, device="cpu", mode="small",
+                   speedup_vs_eager=1.25, timings=[{"shape": "main", "implementation": "candidate", "device": "cpu",
+                                                    "median_ms": 0.8}])
 
-    def __init__(self, jail, settings, fail_sources: dict[str, int], slots: int = 1):
-        super().__init__(jail, settings, slots=slots)
+
+class BreakingWorker(ReplayEvaluator):
+    """A worker on a host that fails (as a lost worker does) for the candidates listed, the number of times given;
+    the others pass."""
+
+    def __init__(self, fail_sources: dict[str, int], slots: int = 1):
+        super().__init__(decide=passes, slots=slots)
         self.fail_sources = fail_sources
 
     def evaluate(self, task, candidate_path):
@@ -61,7 +71,7 @@ def test_a_lost_worker_costs_one_requeue_then_an_infrastructure_failure_and_the_
     store, run_id, cfg, seed = make_run(tmp_path, max_candidates=3)
     first_child = {}
 
-    class FailFirstChild(BreakingPipeline):
+    class FailFirstChild(BreakingWorker):
         def evaluate(self, task, candidate_path):
             source = open(candidate_path).read()
             if source != seed and not first_child:
@@ -70,7 +80,7 @@ def test_a_lost_worker_costs_one_requeue_then_an_infrastructure_failure_and_the_
             return super().evaluate(task, candidate_path)
 
     # Two slots: with one, a candidate lost twice in a row cannot be told from a broken host (next test).
-    summary = optimizer(store, run_id, cfg, tmp_path, FailFirstChild(Jail(), settings(tmp_path), {}, slots=2)).run()
+    summary = optimizer(store, run_id, cfg, tmp_path, FailFirstChild({}, slots=2)).run()
     assert summary.status == "finished" and summary.evaluated == 3
     rows = store.run_candidates(run_id)
     failed = [(c, e) for c, e in rows if e is not None and e.verdict == "infrastructure_failure"]
@@ -82,7 +92,7 @@ def test_a_lost_worker_costs_one_requeue_then_an_infrastructure_failure_and_the_
 
 def test_a_host_that_fails_every_evaluation_stops_the_run_with_the_error(tmp_path):
     store, run_id, cfg, seed = make_run(tmp_path, max_candidates=3)
-    pipeline = BreakingPipeline(Jail(), settings(tmp_path), {seed: 100})
+    pipeline = BreakingWorker({seed: 100})
     with pytest.raises(InfrastructureError, match="worker lost"):
         optimizer(store, run_id, cfg, tmp_path, pipeline).run()
     (cand, evaluation), = store.run_candidates(run_id)
@@ -92,28 +102,35 @@ def test_a_host_that_fails_every_evaluation_stops_the_run_with_the_error(tmp_pat
 def test_a_budget_lowered_in_the_database_applies_to_the_run_in_progress(tmp_path):
     store, run_id, cfg, _ = make_run(tmp_path, max_candidates=50)
     store.update_run(run_id, config=config_dict(cfg) | {"max_candidates": 2})  # e.g. from the TUI
-    summary = optimizer(store, run_id, cfg, tmp_path, Pipeline(Jail(), settings(tmp_path))).run()
+    summary = optimizer(store, run_id, cfg, tmp_path, ReplayEvaluator(decide=passes, slots=2)).run()
     assert summary.status == "finished" and summary.evaluated == 2
     assert json.loads(json.dumps(store.get_run(run_id).config))["max_candidates"] == 2
 
 
 def test_every_worker_prepares_the_task_when_the_run_starts_not_when_its_first_candidate_comes(tmp_path):
-    """With one candidate and two workers, the idle worker has the inputs ready all the same."""
+    """With one candidate and two workers, the idle worker has the inputs ready all the same. (That a pipeline
+    keeps what it prepared for its later candidates: test_optimize.py's tuner run, `wall_s.prepare`.)"""
     store, run_id, cfg, _ = make_run(tmp_path, max_candidates=1)
     kept_at_close = []
 
-    class Watched(Pipeline):
-        def close(self):
-            kept_at_close.append(len(self._prepared))
-            super().close()
+    class Watched(ReplayEvaluator):
+        def __init__(self):
+            super().__init__(decide=passes, slots=1)
+            self.prepared = []
 
-    pipelines = [Watched(Jail(), settings(tmp_path)) for _ in range(2)]
+        def prepare(self, task):
+            self.prepared.append(task.name)
+
+        def close(self):
+            kept_at_close.append(len(self.prepared))
+
+    pipelines = [Watched() for _ in range(2)]
     from appliance.proposers.tune import TuneProposer
     import random
 
     summary = Optimizer(store, run_id, load_task(SOFTMAX), pipelines, [TuneProposer(random.Random(0))], cfg,
                         tmp_path / "work").run()
-    assert summary.evaluated == 1
+    assert summary.evaluated == 1 and [len(p.evaluated) for p in pipelines] == [1, 0]  # one of them idled
     assert kept_at_close == [1, 1]
 
 
@@ -163,7 +180,7 @@ def test_a_run_whose_controller_on_another_host_stopped_beating_goes_back_to_the
     assert store.get_run(runs["beating"]).status == "running"
 
     # The loop beats the heartbeat as it runs.
-    summary = optimizer(store, runs["silent"], cfg, tmp_path, Pipeline(Jail(), settings(tmp_path))).run()
+    summary = optimizer(store, runs["silent"], cfg, tmp_path, ReplayEvaluator(decide=passes)).run()
     assert summary.evaluated == 1
     assert time.time() - store.get_run(runs["silent"]).state["heartbeat"] < 60
 
@@ -190,7 +207,7 @@ def test_a_new_best_is_profiled_only_past_the_gain_threshold_which_remote_worker
     from appliance.search.loop import PROFILE_MIN_GAIN, ProfileNewBests
 
     store, run_id, cfg, _ = make_run(tmp_path, max_candidates=1)
-    pipeline = Pipeline(Jail(), settings(tmp_path))
+    pipeline = ReplayEvaluator(decide=passes)
     opt = optimizer(store, run_id, cfg, tmp_path, pipeline, ProfileReadingTuner())
     policy = pipeline.profile_if
     assert isinstance(policy, ProfileNewBests)
@@ -306,12 +323,11 @@ def test_a_kernel_that_only_the_interpreter_runs_is_rejected_by_the_compile_chec
                         generation=0)
     store.set_candidate_status(seed.id, "evaluated")  # only the LLM's candidate is left to evaluate
 
-    class NoEvaluation(Pipeline):
-        def evaluate(self, task, path):
-            raise AssertionError("the GPU pipeline was given a candidate the compile check rejects")
+    def no_evaluation(source):
+        raise AssertionError("the GPU pipeline was given a candidate the compile check rejects")
 
     screen = CountingScreen(tmp_path / "screen")
-    opt = Optimizer(store, run_id, load_task(SOFTMAX), [NoEvaluation(Jail(), settings(tmp_path))],
+    opt = Optimizer(store, run_id, load_task(SOFTMAX), [ReplayEvaluator(decide=no_evaluation)],
                     [ProfileReadingTuner()], cfg, tmp_path / "work", screens=[screen])
     assert opt.run().evaluated == 1
     (cand, evaluation), = [(c, e) for c, e in store.run_candidates(run_id) if c.proposer == "llm"]
@@ -326,9 +342,11 @@ def test_a_kernel_that_only_the_interpreter_runs_is_rejected_by_the_compile_chec
 
 
 def test_the_compile_check_lets_a_kernel_that_builds_through_and_skips_the_tuners_settings(tmp_path):
+    """The real check, on the seed; what is let through is evaluated (replayed: what the pipeline makes of it is
+    not under test here)."""
     store, run_id, cfg, seed = make_run(tmp_path, max_candidates=3)
     screen = CountingScreen(tmp_path / "screen")
-    opt = Optimizer(store, run_id, load_task(SOFTMAX), [Pipeline(Jail(), settings(tmp_path))],
+    opt = Optimizer(store, run_id, load_task(SOFTMAX), [ReplayEvaluator(decide=passes)],
                     [ProfileReadingTuner()], cfg, tmp_path / "work", screens=[screen])
     assert opt.run().evaluated == 3
     verdicts = {c.proposer: e.verdict for c, e in store.run_candidates(run_id)}
@@ -405,9 +423,16 @@ def test_the_tuner_fills_free_slots_from_a_seed_still_evaluating_and_a_failing_s
     honest = (REPO / "benchmarks/baselines/softmax.py").read_text()
     broken = honest.replace("tl.store(y_row + cols, y.to(", "tl.store(y_row + cols, (2 * y).to(")
     assert broken != honest
+
+    def gate(source: str) -> Outcome:  # (replayed) the doubled output fails the correctness check, as it would
+        if "(2 * y)" not in source:
+            return passes(source)
+        return Outcome(verdict="wrong_output", stage="correctness", reason="max abs err 0.5 > tol", jailed=True,
+                       device="cpu", mode="small")
+
     store, run_id, cfg, _ = make_run(tmp_path, seed_source=broken, max_candidates=10, batch=1)
     (seed_row, _), = store.run_candidates(run_id)
-    summary = optimizer(store, run_id, cfg, tmp_path, Pipeline(Jail(), settings(tmp_path), slots=2)).run()
+    summary = optimizer(store, run_id, cfg, tmp_path, ReplayEvaluator(decide=gate, slots=2)).run()
     rows = store.run_candidates(run_id)
     assert summary.status == "finished" and summary.passed == 0
     children = [(c, e) for c, e in rows if c.proposer == "tune"]

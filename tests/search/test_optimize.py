@@ -1,10 +1,14 @@
 """The optimisation loop end to end on the CPU: real jail, real Triton kernels under the interpreter, real SQLite.
-Budgets are tiny; what is tested is the path: propose -> evaluate -> select, crash and resume, bad proposals."""
+Budgets are tiny; what is tested is the path: propose -> evaluate -> select, crash and resume, bad proposals.
+Where what is under test is the loop or a command's own logic (resume, pause and stop, a hand submission's rank,
+per-shape settings, the live line), the verdicts are replayed (appliance/evaluation/replay.py: no jail, no kernel,
+real SQLite), and the test says so; the others run the whole path."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
@@ -14,8 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from appliance import executors
+from appliance.db import Store
+from appliance.evaluation.pipeline import Outcome
+from appliance.evaluation.replay import ReplayEvaluator
+from appliance.proposers.edits import source_hash
+from appliance.proposers.tune import TuneProposer, current_values, read_per_shape
+from appliance.search.loop import OptimizeConfig, Optimizer, config_dict
+from appliance.tasks import load_task
 from tests.conftest import REPO, candidate, run_in_terminal
 from tests.fake_llm import completion
+from tests.search.test_loop_faults import make_run, optimizer, passes
 
 SOFTMAX = REPO / "benchmarks/tasks/softmax.py"
 BRANCHY = REPO / "tests/fixtures/tasks/rowsoftmax_branchy.py"  # torch.compile breaks its graph: no compile seed
@@ -35,6 +48,14 @@ def rows(home: Path, query: str) -> list[tuple]:
             return [(0,)]
 
 
+def replayed(monkeypatch, decide=passes, **kwargs) -> ReplayEvaluator:
+    """The CLI's evaluations replayed (`decide`: a function of the candidate's source) instead of run in the jail:
+    the command's own wiring, the loop and the database are real. One slot, as the CLI gives the CPU."""
+    evaluator = ReplayEvaluator(decide=decide, slots=1, **kwargs)
+    monkeypatch.setattr(executors, "pipelines", lambda *args, **kw: [evaluator])
+    return evaluator
+
+
 def test_tuner_run_proposes_evaluates_and_keeps_the_best(appliance, home):
     code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "3", "--batch", "2")
     assert code == 0, summary
@@ -52,16 +73,23 @@ def test_tuner_run_proposes_evaluates_and_keeps_the_best(appliance, home):
     assert listed[0]["kind"] == "optimize" and listed[0]["evaluations"] == 3
 
 
-def test_a_finished_run_leaves_nothing_queued_and_a_resume_evaluates_what_it_left(appliance, home):
-    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "2", "--batch", "3", "--islands", "1")
-    assert code == 0 and summary["status"] == "finished" and summary["evaluated"] == 2, summary
-    statuses = rows(home, "SELECT status, failure FROM candidate ORDER BY id")
-    assert "queued" not in {s for s, _ in statuses}, statuses
-    left = [f for s, f in statuses if s == "not_evaluated"]
-    assert left and all("--resume" in f for f in left), statuses  # proposed past the budget, and says so
-    code, summary = optimize(appliance, "--resume", str(summary["run_id"]), "--max-candidates", str(2 + len(left)))
-    assert code == 0 and summary["evaluated"] == 2 + len(left), summary
-    assert all(s != "not_evaluated" for s, _ in rows(home, "SELECT status, failure FROM candidate")[:2 + len(left)])
+def test_a_finished_run_leaves_nothing_queued_and_a_resume_evaluates_what_it_left(tmp_path):
+    """The loop's bookkeeping, verdicts replayed (`optimize --resume` itself: the killed run's test, and pause and
+    stop's)."""
+    store, run_id, cfg, _ = make_run(tmp_path, max_candidates=2, batch=3, islands=1)
+    summary = optimizer(store, run_id, cfg, tmp_path, ReplayEvaluator(decide=passes, slots=1)).run()
+    assert summary.status == "finished" and summary.evaluated == 2, summary
+    statuses = [(c.id, c.status, c.failure) for c, _ in store.run_candidates(run_id)]
+    assert "queued" not in {s for _, s, _ in statuses}, statuses
+    left = {i: f for i, s, f in statuses if s == "not_evaluated"}
+    assert left and all("--resume" in f for f in left.values()), statuses  # proposed past the budget, and says so
+    # Resumed as `optimize --resume RUN --max-candidates N` does: the bigger budget stored, a new loop (process).
+    store.update_run(run_id, config=config_dict(cfg) | {"max_candidates": 2 + len(left)})
+    cfg = OptimizeConfig.from_dict(store.get_run(run_id).config)
+    summary = optimizer(store, run_id, cfg, tmp_path, ReplayEvaluator(decide=passes, slots=1)).run()
+    assert summary.status == "finished" and summary.evaluated == 2 + len(left), summary
+    evaluated = {c.id for c, e in store.run_candidates(run_id) if e is not None}
+    assert set(left) <= evaluated, (left, store.run_candidates(run_id))  # what was left, and nothing else
 
 
 def test_a_run_killed_mid_evaluation_resumes_without_losing_or_repeating_work(appliance, home):
@@ -100,24 +128,46 @@ def test_a_run_killed_mid_evaluation_resumes_without_losing_or_repeating_work(ap
     assert leftover == [], rows(home, "SELECT id, parent_id, proposer, status, generation, note FROM candidate")
 
 
-def test_pause_and_stop_are_noticed_and_resume_goes_on(appliance, home):
-    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "1")
-    assert code == 0 and summary["evaluated"] == 1
-    assert appliance("pause", "1").exit_code == 0
+def test_pause_and_stop_are_noticed_and_resume_goes_on(appliance, home, monkeypatch):
+    """`appliance pause` and `appliance stop` given (as from another shell) while a candidate is evaluated: that
+    evaluation is recorded, and the run stops there; `optimize --resume` goes on where it was, with a bigger budget
+    when given one. Verdicts replayed: the commands and the loop are under test."""
+    cues, said = {2: "pause", 4: "stop"}, []  # the command given during the nth evaluation
+
+    def decide(source: str) -> Outcome:
+        if command := cues.get(len(evaluator.evaluated)):  # (one slot: evaluations one at a time)
+            said.append(appliance(command, "1"))
+        return passes(source)
+
+    evaluator = replayed(monkeypatch, decide)
+    code, summary = optimize(appliance, str(SOFTMAX), "--max-candidates", "6", "--batch", "2")
+    assert code == 0 and summary["status"] == "paused" and summary["evaluated"] == 2, summary
+    assert said[0].exit_code == 0 and "run 1: paused" in said[0].stdout
     assert rows(home, "SELECT status FROM run WHERE id = 1") == [("paused",)]
+    left = rows(home, "SELECT id FROM candidate WHERE status = 'queued'")  # proposed: kept for the resume
+    assert left, rows(home, "SELECT id, status FROM candidate")
     # A bigger budget on resume: the run goes on where it was.
-    code, summary = optimize(appliance, "--resume", "1", "--max-candidates", "2")
-    assert summary["evaluated"] == 2 and summary["status"] == "finished"
-    assert appliance("stop", "1").exit_code == 0
-    assert rows(home, "SELECT status FROM run WHERE id = 1") == [("stopped",)]
+    code, summary = optimize(appliance, "--resume", "1", "--max-candidates", "7")
+    assert code == 0 and summary["status"] == "stopped" and summary["evaluated"] == 4, summary
+    assert said[1].exit_code == 0 and rows(home, "SELECT status FROM run WHERE id = 1") == [("stopped",)]
+    code, summary = optimize(appliance, "--resume", "1")  # (a stopped run resumes when asked; its budget kept)
+    assert code == 0 and summary["status"] == "finished" and summary["evaluated"] == 7, summary
+    assert len(said) == 2 and len(evaluator.evaluated) == 7  # nothing evaluated twice
+    assert set(left) <= set(rows(home, "SELECT candidate_id FROM evaluation"))  # what the pause left, evaluated
 
 
-def test_hand_submission_is_evaluated_inside_the_run_and_ranked(appliance, home, tmp_path):
+def test_hand_submission_is_evaluated_inside_the_run_and_ranked(appliance, home, monkeypatch):
+    """Verdicts replayed: the submission's path and its rank are under test (slightly_off's real verdict is
+    tests/evaluation/test_verdicts.py's; a real `submit`, tests/tui/conftest.py's run)."""
+    off = Outcome(verdict="wrong_output", stage="correctness", reason="max abs err 0.02 > tol", jailed=True,
+                  device="cpu", mode="small")
+    evaluator = replayed(monkeypatch, recorded={source_hash(candidate("slightly_off").read_text()): off})
     optimize(appliance, str(SOFTMAX), "--max-candidates", "1")
     result = appliance("submit", "1", str(REPO / "benchmarks/baselines/softmax.py"), "--json")
     # The same source as the seed is still evaluated: a person asked for it.
     sub = json.loads(result.stdout)
     assert result.exit_code == 0 and sub["verdict"] == "pass" and sub["rank"] in (1, 2) and sub["passing"] == 2
+    assert evaluator.evaluated == [evaluator.evaluated[0]] * 2  # the seed's source, twice
     bad = appliance("submit", "1", str(candidate("slightly_off")), "--json")
     rejected = json.loads(bad.stdout)
     assert bad.exit_code == 1 and rejected["verdict"] == "wrong_output" and rejected["rank"] is None
@@ -296,23 +346,66 @@ def test_a_run_with_no_kernel_and_no_llm_starts_from_torch_compiles_own_kernels(
     assert tuned and "_CONFIG" in tuned[0][1], tuned  # the tuner chose another of Inductor's configs
 
 
-def test_the_tuner_gives_each_shape_the_settings_that_were_fastest_there(appliance, home):
+ROWSOFTMAX = REPO / "tests/fixtures/tasks/rowsoftmax.py"
+
+
+def timed_by_shape(source: str) -> Outcome:
+    """The fixture shape_tuned.py's times, replayed from its settings: one launch a call where FOR_WIDE suits the rows
+    (wide: over 48), REPEATS (8) where it does not; each shape recorded as the referee records it."""
+    constants, table = current_values(source), read_per_shape(source) or {}
+    shapes, timings = [], []
+    for shape in load_task(ROWSOFTMAX).shapes("small"):
+        dims = (shape.sizes["batch_size"], shape.sizes["dim"])
+        suits = (constants | table.get(dims, {}))["FOR_WIDE"] == (dims[1] > 48)
+        shapes.append({"name": shape.name, "sizes": shape.sizes, "input_shapes": [list(dims)]})
+        timings.append({"shape": shape.name, "implementation": "candidate", "device": "cpu",
+                        "median_ms": 0.1 if suits else 0.8})
+    return Outcome(verdict="pass", stage="done", reason="", jailed=True, device="cpu", mode="small",
+                   speedup_vs_eager=0.1 / timings[0]["median_ms"], timings=timings, details={"shapes": shapes})
+
+
+def test_the_tuner_gives_each_shape_the_settings_that_were_fastest_there(tmp_path):
     # The fixture's one tunable suits either wide rows (the main shape, 64 wide) or narrow ones (the task's other
-    # shapes, 37 and 1 wide): neither value is best everywhere, a per-shape table is.
-    task = REPO / "tests/fixtures/tasks/rowsoftmax.py"
-    code, summary = optimize(appliance, str(task), "--from", str(REPO / "tests/fixtures/candidates/shape_tuned.py"),
-                             "--max-candidates", "3", "--batch", "1", "--islands", "1")
-    assert code == 0 and summary["passed"] == 3, summary
-    seed, move, composed = rows(home, "SELECT c.note, c.source FROM candidate c ORDER BY c.id")
+    # shapes, 37 and 1 wide): neither value is best everywhere, a per-shape table is. Times replayed (timed_by_shape):
+    # what the tuner and the loop make of them is under test.
+    store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    task = load_task(ROWSOFTMAX)
+    task_id = store.get_or_add_task(task.name, str(task.path), task.source, task.manifest_text).id
+    cfg = OptimizeConfig(device="cpu", timing_budget_s=0.05, max_candidates=3, batch=1, islands=1)
+    run_id = store.add_run(task_id, "optimize", config_dict(cfg)).id
+    store.add_candidate(run_id, task_id, (REPO / "tests/fixtures/candidates/shape_tuned.py").read_text(),
+                        proposer="seed", status="queued", island=0, generation=0)
+    summary = Optimizer(store, run_id, task, [ReplayEvaluator(decide=timed_by_shape, slots=1)],
+                        [TuneProposer(random.Random(0))], cfg, tmp_path / "work").run()
+    assert summary.status == "finished" and summary.passed == 3, summary
+    seed, move, composed = [(c.note, c.source) for c, _ in store.run_candidates(run_id)]
     assert move[0] == "FOR_WIDE True->False"
     assert composed[0].startswith("per shape: (1, 1): FOR_WIDE False") and "(3, 37): FOR_WIDE False" in composed[0]
     assert "TUNED_BY_SHAPE = {\n    (1, 1): {'FOR_WIDE': False},\n    (3, 37): {'FOR_WIDE': False},\n}" in composed[1]
     assert "FOR_WIDE = True" in composed[1]  # the main shape keeps the setting that was fastest there
 
 
+# `python -m appliance`, its evaluations replayed (each a pass, after a moment): the terminal test needs a process.
+REPLAYED_APPLIANCE = """
+import sys, time
+from appliance import executors
+from appliance.cli import app
+from appliance.evaluation.replay import ReplayEvaluator
+from tests.search.test_loop_faults import passes
+
+def decide(source):
+    time.sleep(0.3)
+    return passes(source)
+
+executors.pipelines = lambda *args, **kwargs: [ReplayEvaluator(decide=decide, slots=1)]
+app(sys.argv[1:], prog_name="appliance")
+"""
+
+
 def test_optimize_in_a_terminal_shows_a_live_line(home):
-    """In a terminal, a line under the log says what the run is at: evaluated, in flight, best, budget left."""
-    code, screen = run_in_terminal([sys.executable, "-m", "appliance", "optimize", str(SOFTMAX), "--max-candidates",
-                                    "2", *FAST], timeout_s=240)
-    assert code == 0
+    """In a terminal, a line under the log says what the run is at: evaluated, in flight, best, budget left.
+    (Verdicts replayed: the real command, in a real terminal, is under test.)"""
+    code, screen = run_in_terminal([sys.executable, "-c", REPLAYED_APPLIANCE, "optimize", str(SOFTMAX),
+                                    "--max-candidates", "2", *FAST], timeout_s=240)
+    assert code == 0, screen[-2000:]
     assert b"in flight, best " in screen and b"of 2 evaluations" in screen, screen[-2000:]
