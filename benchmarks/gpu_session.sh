@@ -68,9 +68,9 @@ case "$1" in
   # t's fallback when one call is all the device time left allows: the GPU tests on the fused pass (every verdict
   # class but the slow full-size, CUDA-build and endless-kernel ones), then the tuner on rmsnorm beside the naive harness
   u) GPU_TEST_FILES="tests/sandbox/test_shared.py tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" \
-       GPU_TESTS="not bundled_baseline_full_size and not cuda_and_cupy and not never_ends and not bombs" TESTS_S=290 \
+       GPU_TESTS="not bundled_baseline_full_size and not cuda_and_cupy and not never_ends and not bombs" TESTS_S=260 \
        bash benchmarks/referee_gpu.sh tests
-     SUITE_IN_FLIGHT=8 SUITE_WALL=170 SUITE_S=270 SUITE_NAIVE="--compare-naive --naive-max 3 --naive-inputs device" \
+     SUITE_IN_FLIGHT=8 SUITE_WALL=150 SUITE_S=230 SUITE_NAIVE="--compare-naive --naive-max 3 --naive-inputs device" \
        bash benchmarks/referee_gpu.sh suite ;;
   # Next (written 2026-12-07, sixth session, which had no device time): the GPU tests on the fused pass and the
   # settled CPU maths (tests/evaluation/test_gpu.py was last run whole at f992f73), plus the fused pass's own
