@@ -72,6 +72,9 @@ case "$1" in
        bash benchmarks/referee_gpu.sh tests
      SUITE_IN_FLIGHT=8 SUITE_WALL=150 SUITE_S=230 SUITE_NAIVE="--compare-naive --naive-max 3 --naive-inputs device" \
        bash benchmarks/referee_gpu.sh suite ;;
+  # u's tests only, when less device time is left
+  v) GPU_TEST_FILES="tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" TESTS_S=${TESTS_S:-300} \
+       GPU_TESTS="honest or referee_attacks or gaming or evidence or fused_pass or broken" bash benchmarks/referee_gpu.sh tests ;;
   # Next (written 2026-12-07, sixth session, which had no device time): the GPU tests on the fused pass and the
   # settled CPU maths (tests/evaluation/test_gpu.py was last run whole at f992f73), plus the fused pass's own
   s) GPU_TEST_FILES="tests/sandbox/test_shared.py tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" \
