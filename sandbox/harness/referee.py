@@ -843,10 +843,12 @@ class Referee:
                 # the intercept can reach a whole window, and a call would read as free.
                 fixed = min(max(fixed, 0.0), 0.5 * min(windows.values()))
             samples = [max(net - fixed, 0.0) / k for k, net in nets] if per_batch > 1 else [n / k for k, n in nets]
-            # The slower size's median per call: with the fixed cost at the intercept both sizes give the slope; a
-            # server that stalls some of one size's batches (to skew the line, or the median of both sizes mixed)
-            # only makes that size slower.
-            median = max(statistics.median(s for s, (k, _) in zip(samples, nets) if k == size) for size in set(sizes))
+            # The larger size's median per call (K calls a batch). What comes off a batch is capped (above), so no
+            # stall of either size's batches takes a call below its kernel's time less the cap over K; a server that
+            # stalls some of its small batches (to skew the line, or a median of both sizes mixed) moves nothing
+            # here. And where an honest server's fixed cost is above the cap, the excess weighs 1/K on each call
+            # here, against 2/K at the smaller size (which was reported until 2026-12-07: 1.28x do_bench on rmsnorm).
+            median = statistics.median(s for s, (k, _) in zip(samples, nets) if k == per_batch)
             staged = statistics.median(self._staged)
             summary = {"median_ms": median, "iqr_ms": _iqr(samples), "min_ms": min(samples),
                        "reps": calls, "batches": batches, "calls_per_batch": per_batch, "device": self.device,

@@ -167,9 +167,9 @@ def test_a_server_that_stalls_its_smaller_batches_gains_nothing_by_it(session, s
     """A batch's fixed cost is the intercept of the line through the windows of batches of K/2 and K calls. A
     server that stalls its smaller batches (it sees how many calls it is asked for) raises the intercept and
     flattens the line: taken at its word, its calls would cost next to nothing. What comes off is capped by the
-    trusted server's intercept plus a slack that no stall can raise, and the slower size is reported: stalling
-    two small batches in three (more than half of them, fewer than half of all batches) once drove the median
-    of both sizes mixed to 0 (an attacker's review)."""
+    trusted server's intercept plus a slack that no stall can raise, and the larger size's median is reported:
+    stalling two small batches in three (more than half of them, fewer than half of all batches) once drove the
+    median of both sizes mixed to 0 (an attacker's review)."""
     import time
 
     import sandbox.harness.referee as referee_module
@@ -205,6 +205,39 @@ def test_a_server_that_stalls_its_smaller_batches_gains_nothing_by_it(session, s
     # ... and the cap takes it away.
     assert cheat["fixed_ms"] <= cheat["fixed_cap_ms"] + 1e-4
     assert cheat["median_ms"] >= 0.8 * honest["median_ms"]
+
+
+def test_a_fixed_cost_above_the_cap_weighs_one_kth_on_each_reported_call(session, monkeypatch):
+    """An honest server slower to answer than the trusted one (on an H100, Triton servers' 1.3-1.5 ms a batch against
+    eager's 0.9) keeps the excess over the cap in every batch. The larger size's median is reported, where the
+    excess weighs 1/K on each call, not the smaller's, where it weighs 2/K (1.28x do_bench on rmsnorm, K = 4)."""
+    import time
+
+    import sandbox.harness.referee as referee_module
+
+    monkeypatch.setitem(referee_module.BATCH_TARGET_MS, "cpu", 100.0)  # K >= 2 on a loaded host (as above)
+    monkeypatch.setitem(referee_module.MIN_BATCHES, "cpu", 15)
+    referee, server, sh = session
+    _, trusted = referee._timed(sh, check=False)
+    handle, stall_s = server.handle, 0.02
+
+    def slow_to_answer(op, message, fds):
+        if op == "call":
+            time.sleep(stall_s)
+        return handle(op, message, fds)
+
+    server.handle = slow_to_answer
+    try:
+        slower, _ = referee._timed(sh, check=False, calibration=trusted)
+    finally:
+        server.handle = handle
+    k = slower["calls_per_batch"]
+    assert slower["batch_sizes"] == [k // 2, k] and k >= 2
+    assert slower["own_fixed_ms"] > slower["fixed_ms"] + 0.5 * stall_s * 1e3  # the excess is left in the batches
+    per_call = {size: (slower[f"{name}_batch_ms"] - slower["fixed_ms"]) / size
+                for size, name in ((k // 2, "small"), (k, "large"))}
+    assert slower["median_ms"] == pytest.approx(per_call[k], rel=1e-3, abs=2e-4)
+    assert slower["median_ms"] < per_call[k // 2]
 
 
 def test_a_candidates_fixed_cost_is_capped_at_the_larger_of_the_trusted_servers_intercepts():
