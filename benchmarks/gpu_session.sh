@@ -75,6 +75,9 @@ case "$1" in
   # u's tests only, when less device time is left
   v) GPU_TEST_FILES="tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" TESTS_S=${TESTS_S:-300} \
        GPU_TESTS="honest or referee_attacks or gaming or evidence or fused_pass or broken" bash benchmarks/referee_gpu.sh tests ;;
+  # the larger batch size reported (seventh session): the referee against do_bench on rmsnorm, then v's tests
+  w) MEASURE_TASKS=rmsnorm REPEATS=4 MEASURE_S=170 bash benchmarks/referee_gpu.sh measure
+     TESTS_S=260 bash benchmarks/gpu_session.sh v ;;
   # Next (written 2026-12-07, sixth session, which had no device time): the GPU tests on the fused pass and the
   # settled CPU maths (tests/evaluation/test_gpu.py was last run whole at f992f73), plus the fused pass's own
   s) GPU_TEST_FILES="tests/sandbox/test_shared.py tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" \
