@@ -78,6 +78,10 @@ case "$1" in
   # the larger batch size reported (seventh session): the referee against do_bench on rmsnorm, then v's tests
   w) MEASURE_TASKS=rmsnorm REPEATS=4 MEASURE_S=170 bash benchmarks/referee_gpu.sh measure
      TESTS_S=260 bash benchmarks/gpu_session.sh v ;;
+  # w in what a last few minutes allow: rmsnorm 3 times, then the referee's attacks and the fused pass on the GPU
+  x) MEASURE_TASKS=rmsnorm REPEATS=3 MEASURE_S=140 bash benchmarks/referee_gpu.sh measure
+     GPU_TEST_FILES="tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" TESTS_S=120 \
+       GPU_TESTS="referee_attacks or fused_pass" bash benchmarks/referee_gpu.sh tests ;;
   # Next (written 2026-12-07, sixth session, which had no device time): the GPU tests on the fused pass and the
   # settled CPU maths (tests/evaluation/test_gpu.py was last run whole at f992f73), plus the fused pass's own
   s) GPU_TEST_FILES="tests/sandbox/test_shared.py tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" \
