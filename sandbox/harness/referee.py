@@ -70,9 +70,9 @@ CALIBRATION_ROUNDS = 21
 # No trusted calibration: nothing taken off.
 UNCALIBRATED = {"tiny_ms": 0.0, "read_ms": 0.0, "stage_ms": 0.0, "calls_per_batch": 1, "fixed_ms": 0.0}
 # A batch's fixed cost taken off a candidate's windows: its own (the intercept), but never more than the trusted
-# server's plus this fraction of the work in the candidate's faster size's median window (which no stall can
-# raise). A server that stalls its small batches to flatten the line gains at most this much; an honest one whose
-# intercept is noisy-high loses no more.
+# server's plus this fraction of the work in the candidate's smaller batch as its larger batches give it (which no
+# stall can raise). A server that stalls its small batches to flatten the line gains at most this much; an honest
+# one whose intercept is noisy-high loses no more.
 FIXED_SLACK = 0.02
 SPIN_S = 0.05  # the referee polls this long for an answer before it blocks (GPU; see protocol.receive)
 ENERGY_WINDOW_S, ENERGY_MAX_BATCHES = 0.1, 30  # energy: calls over at least this long, or this many batches
@@ -834,20 +834,28 @@ class Referee:
             own_fixed = fixed = _fixed_cost(windows) if per_batch > 1 else cal["tiny_ms"]
             if per_batch > 1:
                 line = {"small_batch_ms": round(windows[sizes[0]], 4), "large_batch_ms": round(windows[per_batch], 4)}
+                # The smaller batch's window as the larger batches give it (k/K of theirs; an honest smaller batch's
+                # is at least that). The bounds on the fixed cost below are computed from it, not from the smaller
+                # batches' own windows, which a server raises at will by stalling them (an attacker's review: with
+                # the larger size reported, stalling every small batch lifted the half-window bound to half the
+                # large window, and calls read 20% under their kernel's time).
+                small_window = windows[per_batch] * sizes[0] / per_batch
                 if calibration is not None:  # a candidate: never more off than beside the trusted server, give or
                     # take FIXED_SLACK (nothing, where the trusted server measured none)
                     trusted_fixed = calibration.get("fixed_ms", 0.0)
-                    cap = trusted_fixed + FIXED_SLACK * max(min(windows.values()) - trusted_fixed, 0.0)
+                    cap = trusted_fixed + FIXED_SLACK * max(small_window - trusted_fixed, 0.0)
                     fixed, line["fixed_cap_ms"] = min(fixed, cap), round(cap, 4)
                 # Never more than half the smaller batch: where noise flattens the line (the CPU, tiny kernels)
                 # the intercept can reach a whole window, and a call would read as free.
-                fixed = min(max(fixed, 0.0), 0.5 * min(windows.values()))
+                fixed = min(max(fixed, 0.0), 0.5 * small_window)
             samples = [max(net - fixed, 0.0) / k for k, net in nets] if per_batch > 1 else [n / k for k, n in nets]
-            # The larger size's median per call (K calls a batch). What comes off a batch is capped (above), so no
-            # stall of either size's batches takes a call below its kernel's time less the cap over K; a server that
-            # stalls some of its small batches (to skew the line, or a median of both sizes mixed) moves nothing
-            # here. And where an honest server's fixed cost is above the cap, the excess weighs 1/K on each call
-            # here, against 2/K at the smaller size (which was reported until 2026-12-07: 1.28x do_bench on rmsnorm).
+            # The larger size's median per call, (W - fixed) / K for its median window W. Whatever a server does, W
+            # holds K calls' work t and its own fixed cost F, and fixed is at most the cap and at most half of k/K
+            # of W (k = K/2 or less), so a call reads at least t - (cap - F) / K, and at least 3/4 (t + F/K): at
+            # its kernel's time or above wherever F >= K t / 3, which the slower size's median (reported until
+            # 2026-12-07) gave only for F >= K t / 2. And an honest server's fixed cost above the cap (Triton
+            # servers' 1.3-1.5 ms a batch against eager's 0.9 on an H100) weighs 1/K on each call here, against 2/K
+            # at the smaller size (1.28x do_bench on rmsnorm, K = 4).
             median = statistics.median(s for s, (k, _) in zip(samples, nets) if k == per_batch)
             staged = statistics.median(self._staged)
             summary = {"median_ms": median, "iqr_ms": _iqr(samples), "min_ms": min(samples),

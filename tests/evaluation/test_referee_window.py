@@ -145,7 +145,9 @@ def test_what_is_taken_off_a_candidates_window_is_never_more_than_beside_the_tru
         if len(summary["batch_sizes"]) == 1:  # one size (K = 1): the calibrated round trip, capped as above
             assert summary["fixed_ms"] == summary["tiny_ms"]
             return
-        assert summary["fixed_cap_ms"] <= trusted_fixed + FIXED_SLACK * summary["small_batch_ms"] + 2e-4
+        small, large = summary["batch_sizes"]
+        small_window = summary["large_batch_ms"] * small / large  # (the smaller batch as the larger give it)
+        assert summary["fixed_cap_ms"] <= trusted_fixed + FIXED_SLACK * small_window + 2e-4
         assert summary["fixed_ms"] <= summary["fixed_cap_ms"] + 1e-4  # (both rounded to 1e-4)
 
     capped(summary, 0.0)
@@ -238,6 +240,55 @@ def test_a_fixed_cost_above_the_cap_weighs_one_kth_on_each_reported_call(session
                 for size, name in ((k // 2, "small"), (k, "large"))}
     assert slower["median_ms"] == pytest.approx(per_call[k], rel=1e-3, abs=2e-4)
     assert slower["median_ms"] < per_call[k // 2]
+
+
+def _timed_as(referee, server, sh, fixed_s: float, work_s: float, stall_small_s: float = 0.0,
+              calibration: dict | None = None, estimate_s: float = 0.0):
+    """The referee timing a server modelled by sleeps: `fixed_s` a batch and `work_s` a call, its smaller batches
+    stalled `stall_small_s` more, and its single-call estimate batches taking at least `estimate_s` (K is picked
+    from them; on the CPU nothing floors it)."""
+    import time
+
+    handle = server.handle
+
+    def serving(op, message, fds):
+        if op == "call":
+            count = message.get("count", 1)
+            alone = len(server.slots[message["slots"]].args) == 1
+            time.sleep(max(fixed_s + work_s * count, estimate_s if alone else 0.0))
+            if stall_small_s and count < len(server.slots[message["slots"]].args):
+                time.sleep(stall_small_s)
+        return handle(op, message, fds)
+
+    server.handle = serving
+    try:
+        return referee._timed(sh, check=False, calibration=calibration)
+    finally:
+        server.handle = handle
+
+
+def test_stalling_every_small_batch_does_not_lift_the_bounds_on_the_fixed_cost(session, monkeypatch):
+    """An attacker's review of reporting the larger size: a server whose fixed cost (25 ms) is under the trusted
+    server's (50 ms: the cap it gets) stalled every small batch until their median window passed the large one's.
+    The half-window bound, then taken from min(windows), rose to half the LARGE window, and 5 ms calls read as
+    ~4 ms. The bounds now come from the smaller batch as the larger batches give it, which no stall raises."""
+    import sandbox.harness.referee as referee_module
+
+    work_ms, own_fixed_s = 5.0, 0.025
+    monkeypatch.setitem(referee_module.BATCH_TARGET_MS, "cpu", 280.0)  # K = 8 or 9 for the attacker (below)
+    monkeypatch.setitem(referee_module.MIN_BATCHES, "cpu", 21)  # (medians clear of a loaded host's hiccups)
+    referee, server, sh = session
+    if referee.device != "cpu":
+        pytest.skip("work modelled by sleeps: the CPU path")
+    _, trusted = _timed_as(referee, server, sh, 0.050, work_ms / 1e3)
+    assert trusted["fixed_ms"] > 1e3 * (own_fixed_s + 0.050) / 2  # the cap is above the attacker's own fixed cost
+    cheat, _ = _timed_as(referee, server, sh, own_fixed_s, work_ms / 1e3, stall_small_s=0.08, calibration=trusted,
+                         estimate_s=0.0315)
+    k = cheat["calls_per_batch"]
+    assert cheat["batch_sizes"] == [k // 2, k] and k in (8, 9)  # (8 where the host is loaded enough)
+    assert cheat["small_batch_ms"] > cheat["large_batch_ms"]  # the attack ran: small batches stalled past the large
+    assert cheat["fixed_ms"] <= 0.5 * cheat["large_batch_ms"] * (k // 2) / k + 1e-4
+    assert cheat["median_ms"] >= work_ms  # no call reads under its work
 
 
 def test_a_candidates_fixed_cost_is_capped_at_the_larger_of_the_trusted_servers_intercepts():
