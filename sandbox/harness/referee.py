@@ -856,9 +856,12 @@ class Referee:
             # 2026-12-07) gave only for F >= K t / 2. And an honest server's fixed cost above the cap (Triton
             # servers' 1.3-1.5 ms a batch against eager's 0.9 on an H100) weighs 1/K on each call here, against 2/K
             # at the smaller size (1.28x do_bench on rmsnorm, K = 4).
-            median = statistics.median(s for s, (k, _) in zip(samples, nets) if k == per_batch)
+            reported = [s for s, (k, _) in zip(samples, nets) if k == per_batch]
+            median = statistics.median(reported)
             staged = statistics.median(self._staged)
-            summary = {"median_ms": median, "iqr_ms": _iqr(samples), "min_ms": min(samples),
+            # (the spread of the reported size's calls: the two sizes mixed differ by the fixed cost left in them,
+            # which a server could widen at will by stalling its small batches, and a recheck reads the IQR as noise)
+            summary = {"median_ms": median, "iqr_ms": _iqr(reported), "min_ms": min(reported),
                        "reps": calls, "batches": batches, "calls_per_batch": per_batch, "device": self.device,
                        "batch_sizes": sorted(set(sizes)), "fixed_ms": round(fixed, 4),
                        "own_fixed_ms": round(own_fixed, 4), **line,

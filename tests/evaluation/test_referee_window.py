@@ -175,6 +175,7 @@ def test_a_server_that_stalls_its_smaller_batches_gains_nothing_by_it(session, s
     import time
 
     import sandbox.harness.referee as referee_module
+    from sandbox.harness.referee import FIXED_SLACK
 
     # On the CPU, K comes from the server's own estimate: on a loaded host (CI, 2 cores) a slow estimate gave
     # batches of one call, one size, and no line. Longer batches keep K >= 2 whatever the load, and more of them
@@ -204,9 +205,15 @@ def test_a_server_that_stalls_its_smaller_batches_gains_nothing_by_it(session, s
     line_per_call = (cheat["large_batch_ms"] - cheat["small_batch_ms"]) / (large - small)
     assert line_per_call < 0.5 * honest["median_ms"]
     assert cheat["own_fixed_ms"] > trusted["fixed_ms"] + stall_s * 1e3 / 2
-    # ... and the cap takes it away.
+    # ... and the cap takes it away: its calls read as an honest server's would in the same run (its larger
+    # batches, which it did not stall, less the trusted fixed cost), give or take the slack ...
     assert cheat["fixed_ms"] <= cheat["fixed_cap_ms"] + 1e-4
-    assert cheat["median_ms"] >= 0.8 * honest["median_ms"]
+    as_honest = (cheat["large_batch_ms"] - trusted["fixed_ms"]) / large
+    assert cheat["median_ms"] >= as_honest - FIXED_SLACK * cheat["large_batch_ms"] / large - 1e-4
+    # ... and near what it reads honestly, in separate runs (loose: on a loaded 2-core host two honest timings of
+    # the same server differ by a fifth or more, and a 0.03 ms call read 0.72 of the other once).
+    again, _ = referee._timed(sh, check=False)
+    assert cheat["median_ms"] >= 0.6 * min(honest["median_ms"], again["median_ms"])
 
 
 def test_a_fixed_cost_above_the_cap_weighs_one_kth_on_each_reported_call(session, monkeypatch):
@@ -289,6 +296,31 @@ def test_stalling_every_small_batch_does_not_lift_the_bounds_on_the_fixed_cost(s
     assert cheat["small_batch_ms"] > cheat["large_batch_ms"]  # the attack ran: small batches stalled past the large
     assert cheat["fixed_ms"] <= 0.5 * cheat["large_batch_ms"] * (k // 2) / k + 1e-4
     assert cheat["median_ms"] >= work_ms  # no call reads under its work
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: a server whose own fixed cost F is far under the trusted servers' "
+                   "(F < K t / 3, the cap above F) and that stalls every small batch reads down to 3/4 (t + F/K): the "
+                   "windows cannot tell it from an honest server above the cap (the slower-size rule let it read lower)")
+def test_a_stalling_server_with_a_fixed_cost_far_under_the_trusted_ones_reads_no_call_under_its_work(session,
+                                                                                                     monkeypatch):
+    """A second attacker's review: the previous test's attack with no fixed cost of the server's own (the trusted
+    server's 50 ms). On the GPU the trusted servers' intercepts are the same protocol's round trip as a candidate's
+    (0.68-0.76 ms on an H100 at 60 us kernels), so the gap there is the difference between them over K."""
+    import sandbox.harness.referee as referee_module
+
+    work_ms = 5.0
+    monkeypatch.setitem(referee_module.BATCH_TARGET_MS, "cpu", 280.0)  # K = 8 or 9 for the attacker (below)
+    monkeypatch.setitem(referee_module.MIN_BATCHES, "cpu", 21)
+    referee, server, sh = session
+    if referee.device != "cpu":
+        pytest.skip("work modelled by sleeps: the CPU path")
+    _, trusted = _timed_as(referee, server, sh, 0.050, work_ms / 1e3)
+    cheat, _ = _timed_as(referee, server, sh, 0.0, work_ms / 1e3, stall_small_s=0.08, calibration=trusted,
+                         estimate_s=0.0315)
+    k = cheat["calls_per_batch"]
+    assert cheat["batch_sizes"] == [k // 2, k] and k in (8, 9)
+    assert cheat["small_batch_ms"] > cheat["large_batch_ms"]  # the attack ran
+    assert cheat["median_ms"] >= work_ms  # (about 3.9 ms: (45 - 10) / 9)
 
 
 def test_a_candidates_fixed_cost_is_capped_at_the_larger_of_the_trusted_servers_intercepts():
