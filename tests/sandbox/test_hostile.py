@@ -430,7 +430,6 @@ def test_disk_filler_is_killed_at_its_cap_and_the_host_keeps_its_space(appliance
     # The cap is watched (every 0.1 s), so a fast writer may pass it by what it writes in that time; never by more.
     assert before - min(lowest) < cap + (256 << 20), (before - min(lowest)) >> 20
     assert list(jobs.iterdir()) == []
-    honest_still_passes(appliance, softmax_task)
 
 
 @pytest.mark.parametrize("ignore", [False, True])
@@ -443,8 +442,6 @@ def test_cpu_burner_is_stopped_by_the_cpu_limit_and_named(appliance, softmax_tas
     assert (result["verdict"], result["stage"]) == ("cpu_limit", "correctness"), result["reason"]
     assert "CPU-time limit of 8 s" in result["reason"]
     assert result["wall_s"]["candidate"] < 60  # the CPU limit stopped it, not the wall clock
-    if not ignore:  # (once is enough: the two ways end in the same kill)
-        honest_still_passes(appliance, softmax_task)
 
 
 def test_fork_bomb_without_a_pids_controller_is_stopped_by_rlimit_nproc(appliance, softmax_task, tmp_path,
@@ -462,7 +459,6 @@ def test_fork_bomb_without_a_pids_controller_is_stopped_by_rlimit_nproc(applianc
     assert (result["verdict"], result["stage"]) == ("process_limit", "correctness"), result["reason"]
     assert "RLIMIT_NPROC" in result["reason"]
     assert processes_with(marker) == []
-    honest_still_passes(appliance, softmax_task)
 
 
 def test_without_a_memory_limit_nothing_runs_unless_the_operator_opts_out(appliance, softmax_task, monkeypatch):
@@ -502,4 +498,7 @@ def test_a_result_record_nested_too_deep_is_a_verdict_not_a_controller_crash(app
 
 
 def test_honest_candidate_still_passes_after_the_hostile_ones(appliance, softmax_task):
+    """One honest evaluation after every hostile one above (the disk filler, the CPU burner, the fork bomb among
+    them), on the same worker and home: none left the jail, the disk or the process table unfit for the next
+    (once, not after each: three evaluations fewer in CI)."""
     honest_still_passes(appliance, softmax_task)
