@@ -2,7 +2,7 @@
 #   a: the referee against do_bench (full size, then 10-100 us kernels), matmul_bias_relu's baseline at full size
 #   b: the jailed CUDA build with the real precompiled header, then load_inline builds per hour 8 at once
 #   c: evaluations per GPU-hour: the tuner on rmsnorm (issue 24), a bare file with derived shapes on (issue 25)
-# (later sessions' parts below; the next session's order: r, s, o)
+# (later sessions' parts below; the next session's order, written in the eighth: s, y, then o and issue 26's table)
 set -uo pipefail
 export OUT=${OUT:-/tmp/gpu-session}; mkdir -p $OUT
 case "$1" in
@@ -86,6 +86,11 @@ case "$1" in
   # settled CPU maths (tests/evaluation/test_gpu.py was last run whole at f992f73), plus the fused pass's own
   s) GPU_TEST_FILES="tests/sandbox/test_shared.py tests/evaluation/test_gpu.py tests/evaluation/test_compare_kernel.py" \
        TESTS_S=540 bash benchmarks/referee_gpu.sh tests ;;
+  # Next (written 2026-12-07, eighth session, after w gave rmsnorm 1.016x do_bench at CV 1.18% over 4): issue 24's
+  # other measurements with the larger size reported: 10 evaluations each of rmsnorm and softmax (the CV target is
+  # over 10), then the 59 us kernel (rmsnorm at batch 2048) against do_bench, one at a time
+  y) REPEATS=10 MEASURE_S=330 bash benchmarks/referee_gpu.sh measure
+     REPEATS=5 IN_FLIGHT=1 SMALL_S=220 bash benchmarks/referee_gpu.sh measure_small ;;
   # 2026-12-06, fifth session: issue 26's path (compile seed, then the tuner; no LLM) on six tasks not yet run that way
   o) source scripts/gpu_env.sh
      timeout 560 python3 benchmarks/optimize_suite.py --max-candidates 1000 --max-wall 55 --in-flight 4 --from-compile \
