@@ -2,7 +2,7 @@
 #   a: the referee against do_bench (full size, then 10-100 us kernels), matmul_bias_relu's baseline at full size
 #   b: the jailed CUDA build with the real precompiled header, then load_inline builds per hour 8 at once
 #   c: evaluations per GPU-hour: the tuner on rmsnorm (issue 24), a bare file with derived shapes on (issue 25)
-# (later sessions' parts below; the next session's order, written in the eighth: s, y, then o and issue 26's table)
+# (later sessions' parts below; the next session's order, written in the eighth: s, y, then acc task by task)
 set -uo pipefail
 export OUT=${OUT:-/tmp/gpu-session}; mkdir -p $OUT
 case "$1" in
@@ -91,6 +91,14 @@ case "$1" in
   # over 10), then the 59 us kernel (rmsnorm at batch 2048) against do_bench, one at a time
   y) REPEATS=10 MEASURE_S=330 bash benchmarks/referee_gpu.sh measure
      REPEATS=5 IN_FLIGHT=1 SMALL_S=220 bash benchmarks/referee_gpu.sh measure_small ;;
+  # Issue 26's acceptance table, a task per call (written 2026-12-07, eighth session): no seed but torch.compile's
+  # kernels, no LLM. The issue's runs have a 10-minute budget, but a call may run 600 s in all (start-up, the
+  # baselines' prepare and the table included), so each run here gets ACC_WALL (default 480 s) and the table says
+  # so. The tasks: every bundled one, then benchmarks/kernelbench/*.py; ACC_TASKS=softmax bash ... acc
+  acc) source scripts/gpu_env.sh
+     timeout 580 python3 benchmarks/optimize_suite.py --max-candidates 1000 --max-wall ${ACC_WALL:-480} --in-flight 8 \
+       --from-compile --tasks ${ACC_TASKS:?ACC_TASKS: one task name or file} --out /dev/shm/acc \
+       --copy-dbs $OUT/acc 2>$OUT/acc.err | tail -4 ;;
   # 2026-12-06, fifth session: issue 26's path (compile seed, then the tuner; no LLM) on six tasks not yet run that way
   o) source scripts/gpu_env.sh
      timeout 560 python3 benchmarks/optimize_suite.py --max-candidates 1000 --max-wall 55 --in-flight 4 --from-compile \
