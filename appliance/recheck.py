@@ -19,13 +19,18 @@ from appliance.review import latest_decisions
 from appliance.tasks import load_task
 from sandbox.jail import Jail
 
-# Slower beyond the noise: the new median exceeds the old by more than NOISE_IQRS times the larger IQR of the two
-# and by more than MIN_SLOWDOWN (medians of short kernels can move a few percent with clocks and placement).
+# Slower beyond the noise: the new median exceeds the old by more than NOISE_IQRS times the noise and by more than
+# MIN_SLOWDOWN (medians of short kernels can move a few percent with clocks and placement). The noise is the trusted
+# servers' (eager, torch.compile) relative IQR at the shape, before and now, on the candidate's median: the
+# candidate's own IQR is its server's to widen (an attacker's review: stalling a third of its timed batches left
+# its median alone, put its IQR at 27.8 ms, and a 5 -> 8 ms regression passed as noise). Records without a trusted
+# timing at the shape fall back on the candidate's IQRs.
 NOISE_IQRS = 3.0
 MIN_SLOWDOWN = 0.05
 # ... but never more than this fraction of the approved median: a loaded host can time a kernel with an IQR near its
 # median, and that must not hide a median twice (or a thousand times) the approved one.
 MAX_NOISE = 1.0
+TRUSTED_SERVERS = ("eager", "compile")
 
 
 @dataclass
@@ -110,10 +115,16 @@ def compare_timings(old: list[Timing], new: list[Timing]) -> tuple[bool, str]:
     """(regressed, why) from the candidate's timings per shape, before and now."""
     before = {t.shape: t for t in old if t.implementation == "candidate" and t.median_ms}
     now = {t.shape: t for t in new if t.implementation == "candidate" and t.median_ms}
+    trusted_spread: dict[str, float] = {}  # shape -> the trusted servers' largest IQR / median, before and now
+    for t in (*old, *new):
+        if t.implementation in TRUSTED_SERVERS and t.median_ms:
+            trusted_spread[t.shape] = max(trusted_spread.get(t.shape, 0.0), (t.iqr_ms or 0.0) / t.median_ms)
     changes = []  # (relative change, shape, old, new, noise)
     for shape in before.keys() & now.keys():
         a, b = before[shape], now[shape]
-        noise = min(NOISE_IQRS * max(a.iqr_ms or 0.0, b.iqr_ms or 0.0), MAX_NOISE * a.median_ms)
+        spread = (trusted_spread[shape] * a.median_ms if shape in trusted_spread
+                  else max(a.iqr_ms or 0.0, b.iqr_ms or 0.0))
+        noise = min(NOISE_IQRS * spread, MAX_NOISE * a.median_ms)
         changes.append((b.median_ms / a.median_ms - 1, shape, a.median_ms, b.median_ms, noise))
     if not changes:
         return False, "passes; no shape was timed both times"

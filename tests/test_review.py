@@ -146,9 +146,22 @@ def test_recheck_with_nothing_approved_says_so(db):
     assert result.exit_code == 0 and "no approved winners" in result.stdout
 
 
-def timing(shape: str, median: float, iqr: float) -> Timing:
-    return Timing(evaluation_id=0, shape=shape, implementation="candidate", device="cuda", median_ms=median,
+def timing(shape: str, median: float, iqr: float, implementation: str = "candidate") -> Timing:
+    return Timing(evaluation_id=0, shape=shape, implementation=implementation, device="cuda", median_ms=median,
                   iqr_ms=iqr)
+
+
+def test_the_noise_is_the_trusted_servers_spread_not_the_candidates():
+    """An attacker's review: a kernel server that stalls a third of its timed batches leaves its median where it
+    is and widens its own IQR at will; taken as the noise, that hid a 5 -> 8 ms regression. The trusted servers'
+    relative IQR at the shape, before and now, is the noise where they were timed."""
+    quiet = [timing("main", 2.0, 0.01, "eager"), timing("main", 1.5, 0.01, "compile")]
+    regressed, why = compare_timings([timing("main", 5.0, 0.02), *quiet], [timing("main", 8.0, 27.8), *quiet])
+    assert regressed and "slower beyond the noise" in why
+    # A loaded host widens the trusted servers' spread too, and then the candidate's change is within it.
+    loaded = [timing("main", 2.0, 0.8, "eager")]
+    assert compare_timings([timing("main", 5.0, 0.02), *quiet], [timing("main", 6.0, 0.02), *loaded])[0] is False
+    assert compare_timings([timing("main", 5.0, 0.02), *quiet], [timing("main", 6.0, 0.02), *quiet])[0] is True
 
 
 def test_slower_means_beyond_three_iqrs_and_five_percent_and_always_beyond_twice_the_median():

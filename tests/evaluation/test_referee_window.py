@@ -375,3 +375,46 @@ def test_energy_is_read_around_the_timed_batches_and_topped_up_only_while_their_
         assert summary["energy_calls"] == summary["reps"] + extra * summary["calls_per_batch"], summary
         assert len(reads) == 1 + 2 * (summary["batches"] + extra)  # (one read says a meter is there)
         assert summary["avg_power_w"] >= 999 and summary["energy_j_per_call"] > 0, summary
+
+
+def test_a_server_that_stalls_a_third_of_its_larger_batches_cannot_hide_a_regression_from_recheck(session,
+                                                                                                  monkeypatch):
+    """An attacker's review (helper-15, eighth session): stalling every third batch of K calls leaves the reported
+    median near the kernel's but puts the IQR's upper quartile among the stalled batches, and recheck took the
+    candidate's IQR as its noise (up to the whole approved median): a 5 -> 8 ms regression passed as noise. The
+    noise is now the trusted server's spread, timed beside it."""
+    import time
+
+    import sandbox.harness.referee as referee_module
+    from appliance.db import Timing
+    from appliance.recheck import compare_timings
+
+    monkeypatch.setitem(referee_module.BATCH_TARGET_MS, "cpu", 280.0)
+    monkeypatch.setitem(referee_module.MIN_BATCHES, "cpu", 21)
+    referee, server, sh = session
+    if referee.device != "cpu":
+        pytest.skip("work modelled by sleeps: the CPU path")
+    trusted_server, trusted = _timed_as(referee, server, sh, 0.050, 0.005)
+    approved, _ = _timed_as(referee, server, sh, 0.025, 0.005, calibration=trusted, estimate_s=0.0315)
+    handle, large = server.handle, []
+
+    def stalling(op, message, fds):
+        if op == "call" and message.get("count", 1) == len(server.slots[message["slots"]].args) > 1:
+            large.append(1)
+            if len(large) % 3 == 0:
+                time.sleep(0.25)
+        return handle(op, message, fds)
+
+    server.handle = stalling
+    try:
+        regressed, _ = _timed_as(referee, server, sh, 0.025, 0.008, calibration=trusted, estimate_s=0.0315)
+    finally:
+        server.handle = handle
+    assert regressed["iqr_ms"] > approved["median_ms"]  # the attack ran: its own IQR would have hidden a doubling
+
+    def rows(candidate: dict) -> list:
+        return [Timing(evaluation_id=0, shape="main", implementation=impl, device="cpu", median_ms=t["median_ms"],
+                       iqr_ms=t["iqr_ms"]) for impl, t in (("candidate", candidate), ("eager", trusted_server))]
+
+    flagged, why = compare_timings(rows(approved), rows(regressed))
+    assert flagged and "slower beyond the noise" in why, why
